@@ -1,0 +1,34 @@
+//! stile's deduplication cache.
+//!
+//! One [`Shard`] holds, for every partition the shard has seen, a bloom front
+//! over an exact ring of 16-byte hashes, and answers one question per segment:
+//! `p_verified`, the offset at or below which it vouches that none of the
+//! segment's hashes was committed within the window. `-1` is always sound; the
+//! cache can make stile faster and can never change a verdict.
+//!
+//! The crate is `#![no_std]` + `alloc` so that the same code runs natively in
+//! the gateway (`--engine native`) and inside the WebAssembly component
+//! (feature `component`), which imports nothing.
+#![no_std]
+
+extern crate alloc;
+
+// The component links std for its allocator and panic handler; on
+// wasm32-unknown-unknown std imports nothing.
+#[cfg(feature = "component")]
+extern crate std;
+
+mod api;
+mod bloom;
+mod budget;
+mod entry;
+mod hash;
+mod ring;
+mod shard;
+
+#[cfg(feature = "component")]
+mod component;
+
+pub use api::*;
+pub use hash::{HASH_LEN, Hash};
+pub use shard::Shard;

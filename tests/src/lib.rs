@@ -1,0 +1,2 @@
+//! Shared harness of stile's integration tests: fresh PostgreSQL databases,
+//! the built component, and gateway processes.
