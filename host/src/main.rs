@@ -1,3 +1,110 @@
-fn main() {
-    println!("{}", stile::component::COMPONENT.len());
+//! The `stile` command.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use stile::cache::EngineKind;
+use stile::http::HttpConfig;
+use stile::server::{ServeConfig, serve};
+
+#[derive(Debug, Parser)]
+#[command(name = "stile", version, about = "An exact, windowed deduplication gateway for message logs kept in PostgreSQL")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the HTTP API.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "STILE_LISTEN", default_value = "127.0.0.1:6632")]
+    listen: SocketAddr,
+    /// PostgreSQL connection (URI or keyword form). Unset: the PG* variables,
+    /// then libpq's defaults.
+    #[arg(long, env = "DATABASE_URL", default_value = "", hide_default_value = true)]
+    database_url: String,
+    /// Cache shards (each one worker and one component instance). Default: the cores.
+    #[arg(long, env = "STILE_SHARDS")]
+    shards: Option<usize>,
+    /// Cache budget in MiB, shared across shards.
+    #[arg(long, env = "STILE_DEDUP_CACHE_MB", default_value_t = 512)]
+    cache_mb: u64,
+    /// Which engine runs the cache.
+    #[arg(long, env = "STILE_ENGINE", value_enum, default_value = "wasm")]
+    engine: EngineKind,
+    /// Largest request body in bytes.
+    #[arg(long, env = "STILE_BODY_LIMIT", default_value_t = 16 << 20)]
+    body_limit: usize,
+    /// Most items in one push.
+    #[arg(long, env = "STILE_MAX_ITEMS", default_value_t = 10_000)]
+    max_items: usize,
+    /// Require `Authorization: Bearer <token>` on /api/*.
+    #[arg(long, env = "STILE_BEARER_TOKEN")]
+    bearer_token: Option<String>,
+    /// Connections in the PostgreSQL pool.
+    #[arg(long, env = "STILE_POOL_SIZE", default_value_t = 16)]
+    pool_size: usize,
+    /// Seconds between retention purges.
+    #[arg(long, env = "STILE_PURGE_SECONDS", default_value_t = 60)]
+    purge_seconds: u64,
+    /// Fault injection for tests: guest calls per million that trap.
+    #[arg(long, env = "STILE_INJECT_GUEST_TRAPS_PER_MILLION", default_value_t = 0, hide = true)]
+    inject_guest_traps_per_million: u32,
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_target(false)
+        .init();
+    let Command::Serve(args) = Cli::parse().command;
+    let config = ServeConfig {
+        listen: args.listen,
+        database_url: args.database_url,
+        shards: args.shards.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        cache_mb: args.cache_mb,
+        engine: args.engine,
+        http: HttpConfig { body_limit: args.body_limit, max_items: args.max_items, bearer_token: args.bearer_token },
+        pool_size: args.pool_size,
+        purge_every: Duration::from_secs(args.purge_seconds.max(1)),
+        inject_guest_traps_per_million: args.inject_guest_traps_per_million,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("start the tokio runtime");
+    match runtime.block_on(serve(config, shutdown_signal())) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("stile: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: no new connections; finishing in-flight requests");
 }

@@ -1,0 +1,275 @@
+//! The HTTP API's request bodies: parsing and validation.
+//!
+//! A request is validated whole before anything of it is sent on, so that bad
+//! input is refused with a 4xx naming the field (and the item's index) and
+//! nothing of that request is written.
+
+use serde_json::{Map, Value};
+
+/// The longest `transactionId` accepted, in UTF-8 bytes.
+pub const MAX_TRANSACTION_ID_BYTES: usize = 65_535;
+
+/// The longest queue or partition name accepted, in UTF-8 bytes.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// The partition a push without one goes to.
+pub const DEFAULT_PARTITION: &str = "Default";
+
+/// A request the API refuses, with the status to answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct BadRequest {
+    pub status: u16,
+    pub message: String,
+}
+
+impl BadRequest {
+    pub fn new(message: impl Into<String>) -> BadRequest {
+        BadRequest { status: 400, message: message.into() }
+    }
+
+    pub fn too_large(message: impl Into<String>) -> BadRequest {
+        BadRequest { status: 413, message: message.into() }
+    }
+}
+
+/// One validated item of a push.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PushItem {
+    pub queue: String,
+    pub partition: String,
+    /// Stored as sent; `null` when the item has none.
+    pub payload: Value,
+    /// `None` when the producer sent none: the gateway then uses the message id.
+    pub transaction_id: Option<String>,
+}
+
+/// Parses and validates a `POST /api/v1/push` body.
+pub fn parse_push(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, BadRequest> {
+    let root = parse_json(body)?;
+    let Value::Object(mut root) = root else {
+        return Err(BadRequest::new("body: expected a JSON object with an \"items\" array"));
+    };
+    let items = match root.remove("items") {
+        Some(Value::Array(items)) => items,
+        Some(other) => return Err(BadRequest::new(format!("items: expected an array, got {}", type_name(&other)))),
+        None => return Err(BadRequest::new("items: missing")),
+    };
+    if items.is_empty() {
+        return Err(BadRequest::new("items: must not be empty"));
+    }
+    if items.len() > max_items {
+        return Err(BadRequest::too_large(format!("items: {} items exceed the limit of {max_items} per request", items.len())));
+    }
+    items.into_iter().enumerate().map(|(index, item)| parse_item(index, item)).collect()
+}
+
+fn parse_item(index: usize, item: Value) -> Result<PushItem, BadRequest> {
+    let Value::Object(mut item) = item else {
+        return Err(BadRequest::new(format!("items[{index}]: expected an object, got {}", type_name(&item))));
+    };
+    let field = |name: &str| format!("items[{index}].{name}");
+    let queue = match item.remove("queue") {
+        Some(value) => name_value(&field("queue"), value)?,
+        None => return Err(BadRequest::new(format!("{}: missing", field("queue")))),
+    };
+    let partition = match item.remove("partition") {
+        None | Some(Value::Null) => DEFAULT_PARTITION.to_owned(),
+        Some(value) => name_value(&field("partition"), value)?,
+    };
+    let transaction_id = match item.remove("transactionId") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) => Some(transaction_id(&field("transactionId"), id)?),
+        Some(other) => {
+            return Err(BadRequest::new(format!("{}: expected a string, got {}", field("transactionId"), type_name(&other))));
+        }
+    };
+    let payload = item.remove("payload").unwrap_or(Value::Null);
+    Ok(PushItem { queue, partition, payload, transaction_id })
+}
+
+fn transaction_id(field: &str, id: String) -> Result<String, BadRequest> {
+    if id.is_empty() {
+        return Err(BadRequest::new(format!("{field}: must not be empty (omit it to get the message id)")));
+    }
+    if id.len() > MAX_TRANSACTION_ID_BYTES {
+        return Err(BadRequest::new(format!("{field}: {} bytes exceed the limit of {MAX_TRANSACTION_ID_BYTES}", id.len())));
+    }
+    Ok(id)
+}
+
+/// Validates a queue or partition name given as a JSON value.
+pub fn name_value(field: &str, value: Value) -> Result<String, BadRequest> {
+    match value {
+        Value::String(name) => validate_name(field, &name).map(|()| name),
+        other => Err(BadRequest::new(format!("{field}: expected a string, got {}", type_name(&other)))),
+    }
+}
+
+/// Queue and partition names: non-empty, at most 255 bytes, no control
+/// characters (`\x1f` separates them in layer 1's key).
+pub fn validate_name(field: &str, name: &str) -> Result<(), BadRequest> {
+    if name.is_empty() {
+        return Err(BadRequest::new(format!("{field}: must not be empty")));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(BadRequest::new(format!("{field}: {} bytes exceed the limit of {MAX_NAME_BYTES}", name.len())));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(BadRequest::new(format!("{field}: must not contain control characters")));
+    }
+    Ok(())
+}
+
+/// How a configure treats the keys it does not name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigureMode {
+    /// Omitted keys are left alone.
+    Merge,
+    /// Omitted keys are reset to their defaults.
+    Replace,
+}
+
+/// A validated `POST /api/v1/configure` body. Option values are checked by
+/// the database layer, which owns the list of known keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigureRequest {
+    pub queue: String,
+    pub options: Map<String, Value>,
+    pub mode: ConfigureMode,
+}
+
+/// Parses a configure body: `{"queue", "options"?, "mode"?, "namespace"?, "task"?}`.
+/// Queen's clients send `namespace` and `task` beside the options; they are
+/// stored as options.
+pub fn parse_configure(body: &[u8]) -> Result<ConfigureRequest, BadRequest> {
+    let Value::Object(mut root) = parse_json(body)? else {
+        return Err(BadRequest::new("body: expected a JSON object"));
+    };
+    let queue = match root.remove("queue") {
+        Some(value) => name_value("queue", value)?,
+        None => return Err(BadRequest::new("queue: missing")),
+    };
+    let mut options = match root.remove("options") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(options)) => options,
+        Some(other) => return Err(BadRequest::new(format!("options: expected an object, got {}", type_name(&other)))),
+    };
+    let mode = match root.remove("mode") {
+        None | Some(Value::Null) => ConfigureMode::Merge,
+        Some(Value::String(mode)) if mode == "merge" => ConfigureMode::Merge,
+        Some(Value::String(mode)) if mode == "replace" => ConfigureMode::Replace,
+        Some(other) => return Err(BadRequest::new(format!("mode: expected \"merge\" or \"replace\", got {other}"))),
+    };
+    for key in ["namespace", "task"] {
+        if let Some(value) = root.remove(key) {
+            options.insert(key.to_owned(), value);
+        }
+    }
+    if let Some(key) = root.keys().next() {
+        return Err(BadRequest::new(format!("{key}: unknown field of a configure request")));
+    }
+    Ok(ConfigureRequest { queue, options, mode })
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, BadRequest> {
+    serde_json::from_slice(body).map_err(|error| {
+        if error.is_eof() {
+            BadRequest::new(format!("body: truncated JSON ({error})"))
+        } else {
+            BadRequest::new(format!("body: malformed JSON ({error})"))
+        }
+    })
+}
+
+/// A value's JSON type, for error messages.
+pub fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push(body: &str) -> Result<Vec<PushItem>, BadRequest> {
+        parse_push(body.as_bytes(), 10)
+    }
+
+    #[test]
+    fn a_minimal_item_gets_the_default_partition_and_a_null_payload() {
+        let items = push(r#"{"items":[{"queue":"q"}]}"#).unwrap();
+        assert_eq!(
+            items,
+            vec![PushItem { queue: "q".into(), partition: DEFAULT_PARTITION.into(), payload: Value::Null, transaction_id: None }]
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_index() {
+        let cases = [
+            (r#"{"items":[{"queue":"q"},{"queue":1}]}"#, "items[1].queue: expected a string"),
+            (r#"{"items":[{"queue":""}]}"#, "items[0].queue: must not be empty"),
+            (r#"{"items":[{"queue":"a\u001fb"}]}"#, "items[0].queue: must not contain control characters"),
+            (r#"{"items":[{"queue":"q","partition":5}]}"#, "items[0].partition: expected a string"),
+            (r#"{"items":[{"queue":"q","transactionId":7}]}"#, "items[0].transactionId: expected a string"),
+            (r#"{"items":[{"queue":"q","transactionId":""}]}"#, "items[0].transactionId: must not be empty"),
+            (r#"{"items":[{}]}"#, "items[0].queue: missing"),
+            (r#"{"items":[3]}"#, "items[0]: expected an object"),
+            (r#"{"items":{}}"#, "items: expected an array"),
+            (r#"{"items":[]}"#, "items: must not be empty"),
+            (r#"{}"#, "items: missing"),
+            (r#"[]"#, "body: expected a JSON object"),
+            (r#"{"items":[{"queue":"q""#, "body: truncated JSON"),
+            (r#"{"items":[{"queue":q}]}"#, "body: malformed JSON"),
+        ];
+        for (body, expected) in cases {
+            let error = push(body).unwrap_err();
+            assert_eq!(error.status, 400, "{body}");
+            assert!(error.message.starts_with(expected), "{body}: {}", error.message);
+        }
+    }
+
+    #[test]
+    fn transaction_id_limit_is_inclusive() {
+        let at_limit = "x".repeat(MAX_TRANSACTION_ID_BYTES);
+        let body = format!(r#"{{"items":[{{"queue":"q","transactionId":"{at_limit}"}}]}}"#);
+        assert!(push(&body).is_ok());
+        let over = "x".repeat(MAX_TRANSACTION_ID_BYTES + 1);
+        let body = format!(r#"{{"items":[{{"queue":"q","transactionId":"{over}"}}]}}"#);
+        assert!(push(&body).unwrap_err().message.contains("65536 bytes exceed"));
+    }
+
+    #[test]
+    fn name_limit_is_inclusive() {
+        assert!(validate_name("queue", &"q".repeat(MAX_NAME_BYTES)).is_ok());
+        assert!(validate_name("queue", &"q".repeat(MAX_NAME_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn too_many_items_is_413() {
+        let items = vec![r#"{"queue":"q"}"#; 11].join(",");
+        let error = push(&format!(r#"{{"items":[{items}]}}"#)).unwrap_err();
+        assert_eq!(error.status, 413);
+    }
+
+    #[test]
+    fn configure_folds_namespace_and_task_into_options_and_refuses_unknown_fields() {
+        let request =
+            parse_configure(br#"{"queue":"q","namespace":"n","task":"t","options":{"dedupWindowSeconds":5},"mode":"replace"}"#)
+                .unwrap();
+        assert_eq!(request.mode, ConfigureMode::Replace);
+        assert_eq!(request.options.get("namespace"), Some(&Value::from("n")));
+        assert_eq!(request.options.get("dedupWindowSeconds"), Some(&Value::from(5)));
+        let error = parse_configure(br#"{"queue":"q","colour":"red"}"#).unwrap_err();
+        assert!(error.message.starts_with("colour:"), "{}", error.message);
+        let error = parse_configure(br#"{"queue":"q","mode":"upsert"}"#).unwrap_err();
+        assert!(error.message.starts_with("mode:"), "{}", error.message);
+    }
+}

@@ -1,0 +1,237 @@
+//! The push path above the shards: layer 1, partition metadata, and routing.
+//!
+//! Layer 1 compares `queue \x1f partition \x1f transactionId` inside one
+//! request: the first occurrence leads and the repeats inherit its final
+//! result. Each partition's leaders then go to the one shard that partition
+//! maps to.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::try_join_all;
+use uuid::Uuid;
+
+use crate::api::PushItem;
+use crate::db::{Db, PartitionMeta};
+use crate::fusion::Message;
+use crate::hash::txn_hash;
+use crate::metrics::Metrics;
+use crate::shard::{Outcome, PartitionPushRequest, PushFailure, ShardHandle};
+
+/// How long partition metadata is trusted. It bounds how long a configure can
+/// go unnoticed by the cache; the push function guards exactness meanwhile.
+pub const METADATA_TTL: Duration = Duration::from_secs(30);
+
+/// Most memoised partitions; beyond it the memo starts afresh.
+const METADATA_CAP: usize = 100_000;
+
+/// One item's answer, in request order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushResult {
+    pub message_id: Uuid,
+    pub transaction_id: String,
+    pub queue: String,
+    pub partition: String,
+    pub offset: i64,
+    pub duplicate: bool,
+}
+
+/// The gateway's push path.
+#[derive(Debug)]
+pub struct Gateway {
+    db: Db,
+    shards: Vec<ShardHandle>,
+    metadata: Mutex<HashMap<(String, String), (PartitionMeta, Instant)>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Gateway {
+    pub fn new(db: Db, shards: Vec<ShardHandle>, metrics: Arc<Metrics>) -> Gateway {
+        assert!(!shards.is_empty(), "a gateway needs at least one shard");
+        Gateway { db, shards, metadata: Mutex::new(HashMap::new()), metrics }
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Pushes a validated request and answers every item, in order.
+    pub async fn push(&self, items: Vec<PushItem>) -> Result<Vec<PushResult>, PushFailure> {
+        let plan = RequestPlan::new(items);
+        let plan = &plan;
+        let groups = plan.groups.iter().map(|((queue, partition), leaders)| async move {
+            let meta = self.partition(queue, partition).await?;
+            let messages = leaders.iter().map(|&item| plan.messages[item].clone()).collect();
+            let shard = &self.shards[shard_of(meta.id, self.shards.len())];
+            let request = PartitionPushRequest { partition_id: meta.id, window_seconds: meta.window_seconds, messages };
+            let outcomes = shard.push(request).await?;
+            Ok::<_, PushFailure>(leaders.iter().copied().zip(outcomes).collect::<Vec<_>>())
+        });
+        let answered = try_join_all(groups).await.inspect_err(|failure| {
+            if matches!(failure, PushFailure::Unavailable(_)) {
+                self.metrics.unavailable();
+            }
+        })?;
+        let mut leader_outcomes: Vec<Option<Outcome>> = vec![None; plan.items.len()];
+        for (item, outcome) in answered.into_iter().flatten() {
+            leader_outcomes[item] = Some(outcome);
+        }
+        let results = plan.answer(&leader_outcomes);
+        let duplicates = results.iter().filter(|r| r.duplicate).count() as u64;
+        self.metrics.pushed(results.len() as u64 - duplicates, duplicates);
+        Ok(results)
+    }
+
+    /// A partition's metadata, memoised for [`METADATA_TTL`]; created in
+    /// PostgreSQL on first use.
+    async fn partition(&self, queue: &str, partition: &str) -> Result<PartitionMeta, PushFailure> {
+        let key = (queue.to_owned(), partition.to_owned());
+        if let Some((meta, at)) = self.metadata.lock().expect("not poisoned").get(&key) {
+            if at.elapsed() < METADATA_TTL {
+                return Ok(meta.clone());
+            }
+        }
+        let meta = self.db.resolve_partition(queue, partition).await.map_err(|error| {
+            if error.is_unavailable() {
+                PushFailure::Unavailable(error.to_string())
+            } else {
+                PushFailure::Database(error.to_string())
+            }
+        })?;
+        let mut memo = self.metadata.lock().expect("not poisoned");
+        if memo.len() >= METADATA_CAP {
+            memo.clear();
+        }
+        memo.insert(key, (meta.clone(), Instant::now()));
+        Ok(meta)
+    }
+
+    /// Forgets memoised metadata of a queue, so that a configure made through
+    /// this gateway takes effect at once here.
+    pub fn forget_queue(&self, queue: &str) {
+        self.metadata.lock().expect("not poisoned").retain(|(q, _), _| q != queue);
+    }
+}
+
+/// A partition always maps to the same shard.
+pub fn shard_of(partition_id: i64, shards: usize) -> usize {
+    (partition_id.unsigned_abs() % shards as u64) as usize
+}
+
+/// Layer 1 over one request: which items lead, grouped by partition, and
+/// which item each repeat follows.
+struct RequestPlan {
+    items: Vec<PushItem>,
+    /// One message per item (followers' are unused).
+    messages: Vec<Message>,
+    /// For every item, the item that leads it (itself for a leader).
+    leader_of: Vec<usize>,
+    groups: HashMap<(String, String), Vec<usize>>,
+}
+
+impl RequestPlan {
+    fn new(items: Vec<PushItem>) -> RequestPlan {
+        let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        let mut groups: HashMap<(String, String), Vec<usize>> = HashMap::new();
+        let mut messages = Vec::with_capacity(items.len());
+        let mut leader_of = Vec::with_capacity(items.len());
+        for item in &items {
+            let message_id = Uuid::now_v7();
+            let transaction_id = item.transaction_id.clone().unwrap_or_else(|| message_id.to_string());
+            messages.push(Message { message_id, hash: txn_hash(&transaction_id), transaction_id, payload: item.payload.clone() });
+        }
+        for (index, item) in items.iter().enumerate() {
+            let leader = match &item.transaction_id {
+                // No id: the message id stands in, new every time.
+                None => index,
+                Some(id) => *seen.entry((&item.queue, &item.partition, id)).or_insert(index),
+            };
+            leader_of.push(leader);
+            if leader == index {
+                groups.entry((item.queue.clone(), item.partition.clone())).or_default().push(index);
+            }
+        }
+        RequestPlan { items, messages, leader_of, groups }
+    }
+
+    fn answer(&self, leader_outcomes: &[Option<Outcome>]) -> Vec<PushResult> {
+        self.items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| {
+                let leader = self.leader_of[index];
+                let outcome = leader_outcomes[leader].expect("every leader is answered");
+                let (message_id, offset, duplicate) = match outcome {
+                    Outcome::Queued { message_id, offset } => (message_id, offset, leader != index),
+                    Outcome::Duplicate { message_id, offset } => (message_id, offset, true),
+                };
+                PushResult {
+                    message_id,
+                    transaction_id: self.messages[index].transaction_id.clone(),
+                    queue: item.queue.clone(),
+                    partition: item.partition.clone(),
+                    offset,
+                    duplicate,
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn item(queue: &str, partition: &str, id: Option<&str>) -> PushItem {
+        PushItem { queue: queue.into(), partition: partition.into(), payload: Value::Null, transaction_id: id.map(Into::into) }
+    }
+
+    #[test]
+    fn repeats_in_one_request_follow_the_first_and_scope_is_the_partition() {
+        let plan = RequestPlan::new(vec![
+            item("q", "p", Some("a")),
+            item("q", "p", Some("a")),
+            item("q", "other", Some("a")),
+            item("q", "p", None),
+            item("q", "p", None),
+        ]);
+        assert_eq!(plan.leader_of, vec![0, 0, 2, 3, 4]);
+        assert_eq!(plan.groups[&("q".to_owned(), "p".to_owned())], vec![0, 3, 4]);
+        let first = Uuid::now_v7();
+        let outcomes = vec![
+            Some(Outcome::Queued { message_id: first, offset: 7 }),
+            None,
+            Some(Outcome::Queued { message_id: Uuid::now_v7(), offset: 0 }),
+            Some(Outcome::Queued { message_id: Uuid::now_v7(), offset: 8 }),
+            Some(Outcome::Queued { message_id: Uuid::now_v7(), offset: 9 }),
+        ];
+        let results = plan.answer(&outcomes);
+        assert!(!results[0].duplicate);
+        assert!(results[1].duplicate);
+        assert_eq!((results[1].message_id, results[1].offset), (first, 7));
+        assert!(!results[2].duplicate);
+        assert_eq!(results[3].transaction_id, plan.messages[3].message_id.to_string());
+    }
+
+    #[test]
+    fn followers_of_a_duplicate_leader_report_the_original() {
+        let plan = RequestPlan::new(vec![item("q", "p", Some("a")), item("q", "p", Some("a"))]);
+        let original = Uuid::now_v7();
+        let results = plan.answer(&[Some(Outcome::Duplicate { message_id: original, offset: 3 }), None]);
+        assert!(results.iter().all(|r| r.duplicate && r.message_id == original && r.offset == 3));
+    }
+
+    #[test]
+    fn shard_of_is_stable_and_in_range() {
+        for id in [0, 1, 7, i64::MAX, -3] {
+            assert_eq!(shard_of(id, 3), shard_of(id, 3));
+            assert!(shard_of(id, 3) < 3);
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Prometheus metrics, rendered as text at `GET /metrics`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::db::ProbeMode;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabel {
+    probe: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabel {
+    shard: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// Every metric the gateway exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pushes: Family<StatusLabel, Counter>,
+    segments: Family<ProbeLabel, Counter>,
+    hydrations: Family<OutcomeLabel, Counter>,
+    flush_sizes: Histogram,
+    sql_seconds: Histogram,
+    guest_seconds: Histogram,
+    cache_bytes: Family<ShardLabel, Gauge>,
+    cache_entries: Family<ShardLabel, Gauge>,
+    cache_hashes: Family<ShardLabel, Gauge>,
+    suppressed: Family<ShardLabel, Gauge>,
+    rebuilds: Family<ShardLabel, Gauge>,
+    evictions: Family<ShardLabel, Gauge>,
+    unavailable: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let metrics = Metrics {
+            registry: Mutex::new(Registry::with_prefix("stile")),
+            pushes: Family::default(),
+            segments: Family::default(),
+            hydrations: Family::default(),
+            flush_sizes: Histogram::new(exponential_buckets(1.0, 4.0, 8)),
+            sql_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+            guest_seconds: Histogram::new(exponential_buckets(0.000_001, 4.0, 10)),
+            cache_bytes: Family::default(),
+            cache_entries: Family::default(),
+            cache_hashes: Family::default(),
+            suppressed: Family::default(),
+            rebuilds: Family::default(),
+            evictions: Family::default(),
+            unavailable: Counter::default(),
+        };
+        {
+            let mut r = metrics.registry.lock().expect("not poisoned");
+            r.register("pushes", "Pushed messages by final status", metrics.pushes.clone());
+            r.register("segments", "Segments pushed by probe mode (skipped, narrowed, full, off)", metrics.segments.clone());
+            r.register("hydrations", "Cache hydrations by outcome", metrics.hydrations.clone());
+            r.register("flush_size_messages", "Messages per flushed segment", metrics.flush_sizes.clone());
+            r.register("sql_push_seconds", "Latency of one bundle's push function call", metrics.sql_seconds.clone());
+            r.register("guest_call_seconds", "Latency of one cache call", metrics.guest_seconds.clone());
+            r.register("cache_bytes", "Bytes the cache accounts for", metrics.cache_bytes.clone());
+            r.register("cache_entries", "Partitions with a resident cache entry", metrics.cache_entries.clone());
+            r.register("cache_hashes", "Hashes resident in the cache", metrics.cache_hashes.clone());
+            r.register("cache_suppressed_partitions", "Partitions suppressed by the cache budget", metrics.suppressed.clone());
+            r.register("cache_instance_rebuilds", "Cache instances retired and rebuilt", metrics.rebuilds.clone());
+            r.register("cache_evictions", "Cache entries evicted by the budget", metrics.evictions.clone());
+            r.register(
+                "database_unavailable",
+                "Requests answered 503 because the database was unreachable",
+                metrics.unavailable.clone(),
+            );
+        }
+        metrics
+    }
+
+    pub fn pushed(&self, queued: u64, duplicate: u64) {
+        self.pushes.get_or_create(&StatusLabel { status: "queued" }).inc_by(queued);
+        self.pushes.get_or_create(&StatusLabel { status: "duplicate" }).inc_by(duplicate);
+    }
+
+    pub fn segment(&self, probe: ProbeMode) {
+        let probe = match probe {
+            ProbeMode::Skipped => "skipped",
+            ProbeMode::Narrowed => "narrowed",
+            ProbeMode::Full => "full",
+            ProbeMode::Off => "off",
+        };
+        self.segments.get_or_create(&ProbeLabel { probe }).inc();
+    }
+
+    pub fn hydration(&self, installed: bool) {
+        let outcome = if installed { "installed" } else { "refused" };
+        self.hydrations.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    pub fn flush_size(&self, messages: usize) {
+        self.flush_sizes.observe(messages as f64);
+    }
+
+    pub fn sql_call(&self, elapsed: Duration) {
+        self.sql_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn guest_call(&self, elapsed: Duration) {
+        self.guest_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn unavailable(&self) {
+        self.unavailable.inc();
+    }
+
+    /// Publishes one shard's cache gauges.
+    pub fn publish_shard(&self, shard: usize, stats: &stile_guest::Stats, rebuilds: u64) {
+        let label = ShardLabel { shard: u32::try_from(shard).unwrap_or(u32::MAX) };
+        let set = |family: &Family<ShardLabel, Gauge>, value: u64| {
+            family.get_or_create(&label).set(i64::try_from(value).unwrap_or(i64::MAX));
+        };
+        set(&self.cache_bytes, stats.bytes);
+        set(&self.cache_entries, stats.entries);
+        set(&self.cache_hashes, stats.hashes);
+        set(&self.suppressed, stats.suppressed);
+        set(&self.rebuilds, rebuilds);
+        set(&self.evictions, stats.evictions);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        let registry = self.registry.lock().expect("not poisoned");
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("writing to a String cannot fail");
+        text
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}

@@ -1,0 +1,131 @@
+//! Start-up, serving and graceful shutdown of the gateway.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::cache::{EngineKind, ShardCache};
+use crate::db::Db;
+use crate::gateway::Gateway;
+use crate::http::{App, HttpConfig};
+use crate::metrics::Metrics;
+use crate::shard::{self, ShardConfig};
+use crate::wasm::WasmEngine;
+
+/// Everything `stile serve` is told.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    /// A libpq URI or keyword string; empty for the PG* variables and libpq's
+    /// defaults.
+    pub database_url: String,
+    pub shards: usize,
+    /// The cache budget shared across shards, in MiB.
+    pub cache_mb: u64,
+    pub engine: EngineKind,
+    pub http: HttpConfig,
+    /// Connections in the PostgreSQL pool.
+    pub pool_size: usize,
+    /// How often retention runs.
+    pub purge_every: Duration,
+    /// Guest calls per million that trap (fault tests only).
+    pub inject_guest_traps_per_million: u32,
+}
+
+/// Runs the gateway until `shutdown` resolves, then stops accepting, lets
+/// in-flight requests and flushes finish, and returns.
+pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let db = Db::connect(&config.database_url, config.pool_size).await?;
+    db.migrate().await.with_context(|| format!("migrate the schema in {}", db.redacted_url()))?;
+    let metrics = Arc::new(Metrics::new());
+    let engine = match config.engine {
+        EngineKind::Wasm => {
+            let engine = WasmEngine::new(crate::component::COMPONENT)?;
+            engine.faults().trap_per_million.store(config.inject_guest_traps_per_million, std::sync::atomic::Ordering::Relaxed);
+            Some(engine)
+        }
+        EngineKind::Native => None,
+    };
+    let shards = config.shards.max(1);
+    let budget_bytes = config.cache_mb.saturating_mul(1 << 20) / shards as u64;
+    let cache_config = stile_guest::ShardConfig { budget_bytes, skew_slack_ms: stile_guest::ShardConfig::DEFAULT_SKEW_SLACK_MS };
+    let mut handles = Vec::with_capacity(shards);
+    let mut workers = Vec::with_capacity(shards);
+    for id in 0..shards {
+        let cache = ShardCache::new(config.engine, engine.as_ref(), cache_config)?;
+        let (handle, worker) = shard::spawn(id, cache, db.clone(), metrics.clone(), ShardConfig::default());
+        handles.push(handle);
+        workers.push(worker);
+    }
+    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("listen on {}", config.listen))?;
+    let local = listener.local_addr()?;
+    tracing::info!(
+        "stile listening on http://{local} (database {}, {shards} shards, engine {:?})",
+        db.redacted_url(),
+        config.engine
+    );
+    let purge = tokio::spawn(purge_loop(db.clone(), config.purge_every));
+    let app = Arc::new(App { gateway: Gateway::new(db, handles, metrics), config: config.http.clone() });
+    accept_until(listener, app, shutdown).await;
+    purge.abort();
+    // The App (and with it every shard handle) is gone once the connections
+    // have closed; the workers then finish their in-flight flushes and stop.
+    for worker in workers {
+        let _ = worker.await;
+    }
+    tracing::info!("stile stopped");
+    Ok(())
+}
+
+async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(error = %error, "accept failed");
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let app = app.clone();
+                let service = service_fn(move |request| crate::http::handle(app.clone(), request, peer));
+                let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(error = %error, "connection ended with an error");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    drop(app);
+    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown()).await.is_err() {
+        tracing::warn!("connections still open after 30 s; stopping anyway");
+    }
+}
+
+async fn purge_loop(db: Db, every: Duration) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if let Err(error) = db.purge().await {
+            tracing::warn!(error = %error, "retention purge failed; retrying later");
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! A shard: one long-lived worker that owns one cache and the pending pushes
+//! of the partitions that map to it.
+//!
+//! The worker is the only code that touches its cache, so a partition's
+//! flushes are single-flight by construction: a partition with a segment (or
+//! a hydration) in flight is busy, and what arrives for it meanwhile waits in
+//! its queue and is coalesced into the next segment. Every ready partition of
+//! the shard goes to PostgreSQL in one bundle.
+//!
+//! The cache only chooses `p_verified`. Every verdict comes back from the push
+//! function; the worker merely delivers it to each waiter.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt as _};
+use stile_guest::{Admission, Commit, EntryState, Hydration, Millis, NO_VOUCH, Segment as CacheSegment, TxnsRow};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::cache::ShardCache;
+use crate::db::{Db, DbError, HydrationRows, SegmentOutcome, SegmentPush};
+use crate::fusion::{Message, PartitionQueue, Segment, Slot};
+use crate::metrics::Metrics;
+
+/// The final result of one message of a push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Stored at `offset` with its own id.
+    Queued { message_id: Uuid, offset: i64 },
+    /// Already stored (or led by an earlier equal id): the original's id and
+    /// offset.
+    Duplicate { message_id: Uuid, offset: i64 },
+}
+
+/// Why a push could not be answered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PushFailure {
+    /// The database is unreachable; a retry is safe.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database error: {0}")]
+    Database(String),
+    /// The gateway is shutting down.
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
+}
+
+/// A request's messages for one partition, as the HTTP layer hands them over.
+#[derive(Debug)]
+pub struct PartitionPush {
+    pub partition_id: i64,
+    pub window_seconds: i32,
+    pub messages: Vec<Message>,
+    pub reply: oneshot::Sender<Result<Vec<Outcome>, PushFailure>>,
+}
+
+/// Tunables of a shard worker.
+#[derive(Clone, Copy, Debug)]
+pub struct ShardConfig {
+    /// Most messages in one segment.
+    pub max_segment: usize,
+    /// Most bundles (and hydrations) one shard keeps in flight.
+    pub max_in_flight: usize,
+    /// How often idle partitions are expired and gauges published.
+    pub housekeeping: Duration,
+}
+
+impl Default for ShardConfig {
+    fn default() -> ShardConfig {
+        ShardConfig { max_segment: 4096, max_in_flight: 4, housekeeping: Duration::from_secs(1) }
+    }
+}
+
+/// The sending side of a shard's queue.
+#[derive(Clone, Debug)]
+pub struct ShardHandle {
+    tx: mpsc::Sender<PartitionPush>,
+}
+
+impl ShardHandle {
+    /// Hands a partition's messages to the shard and waits for their outcomes.
+    pub async fn push(&self, push: PartitionPushRequest) -> Result<Vec<Outcome>, PushFailure> {
+        let (reply, answer) = oneshot::channel();
+        let push = PartitionPush {
+            partition_id: push.partition_id,
+            window_seconds: push.window_seconds,
+            messages: push.messages,
+            reply,
+        };
+        self.tx.send(push).await.map_err(|_| PushFailure::ShuttingDown)?;
+        answer.await.map_err(|_| PushFailure::ShuttingDown)?
+    }
+}
+
+/// What [`ShardHandle::push`] takes.
+#[derive(Debug)]
+pub struct PartitionPushRequest {
+    pub partition_id: i64,
+    pub window_seconds: i32,
+    pub messages: Vec<Message>,
+}
+
+/// Starts a shard worker; it runs until every handle is dropped and its
+/// in-flight work is done.
+pub fn spawn(
+    id: usize,
+    cache: ShardCache,
+    db: Db,
+    metrics: Arc<Metrics>,
+    config: ShardConfig,
+) -> (ShardHandle, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(1024);
+    let worker = Worker {
+        id,
+        cache,
+        db,
+        metrics,
+        config,
+        partitions: HashMap::new(),
+        requests: HashMap::new(),
+        next_request: 0,
+        last_now: 0,
+        in_flight: FuturesUnordered::new(),
+    };
+    let task = tokio::spawn(worker.run(rx));
+    (ShardHandle { tx }, task)
+}
+
+struct Worker {
+    id: usize,
+    cache: ShardCache,
+    db: Db,
+    metrics: Arc<Metrics>,
+    config: ShardConfig,
+    partitions: HashMap<i64, PartitionState>,
+    requests: HashMap<u64, RequestState>,
+    next_request: u64,
+    /// The latest `now` given to the cache, which requires it monotone.
+    last_now: Millis,
+    in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
+}
+
+#[derive(Debug, Default)]
+struct PartitionState {
+    window_seconds: i32,
+    queue: PartitionQueue,
+    /// A segment or a hydration of this partition is in flight.
+    busy: bool,
+}
+
+struct RequestState {
+    outcomes: Vec<Option<Outcome>>,
+    remaining: usize,
+    reply: oneshot::Sender<Result<Vec<Outcome>, PushFailure>>,
+}
+
+/// A segment in flight, with what the cache said about it.
+struct InFlight {
+    partition_id: i64,
+    window_seconds: i32,
+    state: EntryState,
+    segment: Segment,
+}
+
+enum Done {
+    Bundle { segments: Vec<InFlight>, result: Result<Vec<SegmentOutcome>, DbError>, sql: Duration },
+    Hydration { partition_id: i64, window_seconds: i32, result: Result<HydrationRows, DbError> },
+}
+
+impl Worker {
+    async fn run(mut self, mut rx: mpsc::Receiver<PartitionPush>) {
+        let mut housekeeping = tokio::time::interval(self.config.housekeeping);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut open = true;
+        loop {
+            tokio::select! {
+                push = rx.recv(), if open => match push {
+                    Some(push) => {
+                        self.accept(push);
+                        // Take everything already waiting, so that it joins this flush.
+                        while let Ok(push) = rx.try_recv() {
+                            self.accept(push);
+                        }
+                    }
+                    None => open = false,
+                },
+                Some(done) = self.in_flight.next(), if !self.in_flight.is_empty() => self.complete(done),
+                _ = housekeeping.tick() => self.housekeeping(),
+            }
+            if !open && self.in_flight.is_empty() && self.partitions.values().all(|p| p.queue.is_empty()) {
+                break;
+            }
+            self.flush_ready();
+        }
+        tracing::debug!(shard = self.id, "shard worker stopped");
+    }
+
+    fn accept(&mut self, push: PartitionPush) {
+        let request = self.next_request;
+        self.next_request += 1;
+        let count = push.messages.len();
+        if count == 0 {
+            let _ = push.reply.send(Ok(Vec::new()));
+            return;
+        }
+        self.requests.insert(request, RequestState { outcomes: vec![None; count], remaining: count, reply: push.reply });
+        let partition = self.partitions.entry(push.partition_id).or_default();
+        partition.window_seconds = push.window_seconds;
+        let indexed = push.messages.into_iter().enumerate().map(|(i, m)| (u32::try_from(i).expect("requests are bounded"), m));
+        partition.queue.add(request, indexed);
+    }
+
+    /// Sends every ready partition's next segment as one bundle.
+    fn flush_ready(&mut self) {
+        if self.in_flight.len() >= self.config.max_in_flight {
+            return;
+        }
+        let mut segments: Vec<InFlight> = Vec::new();
+        for (&partition_id, partition) in &mut self.partitions {
+            if partition.busy || partition.queue.is_empty() {
+                continue;
+            }
+            partition.busy = true;
+            let segment = partition.queue.take_segment(self.config.max_segment);
+            segments.push(InFlight { partition_id, window_seconds: partition.window_seconds, state: EntryState::Cold, segment });
+        }
+        if segments.is_empty() {
+            return;
+        }
+        // Ascending partition order keeps bundles deterministic; the push
+        // function takes its locks in that order anyway.
+        segments.sort_by_key(|s| s.partition_id);
+        let pushes = self.plan(&mut segments);
+        let db = self.db.clone();
+        self.in_flight.push(Box::pin(async move {
+            let started = Instant::now();
+            let result = db.push_bundle(&pushes).await;
+            Done::Bundle { segments, result, sql: started.elapsed() }
+        }));
+    }
+
+    /// Asks the cache for each segment's `p_verified`.
+    fn plan(&mut self, segments: &mut [InFlight]) -> Vec<SegmentPush> {
+        let now = self.now();
+        let queries: Vec<CacheSegment<'_>> = segments
+            .iter()
+            .map(|s| CacheSegment {
+                partition: s.partition_id,
+                window_ms: window_ms(s.window_seconds),
+                hashes: &s.segment.hashes,
+            })
+            .collect();
+        let started = Instant::now();
+        let plans = self.cache.plan(now, &queries);
+        self.metrics.guest_call(started.elapsed());
+        assert_eq!(plans.len(), segments.len(), "the cache answers every segment");
+        let mut pushes = Vec::with_capacity(segments.len());
+        for (in_flight, plan) in segments.iter_mut().zip(plans) {
+            // A hit is a hint that routes the segment to the full probe.
+            let p_verified = if plan.local_hits.is_empty() { plan.p_verified } else { NO_VOUCH };
+            in_flight.state = plan.state;
+            self.metrics.flush_size(in_flight.segment.slots.len());
+            pushes.push(SegmentPush {
+                partition_id: in_flight.partition_id,
+                p_verified,
+                planned_window_seconds: in_flight.window_seconds,
+                hashes: in_flight.segment.hashes.clone(),
+                message_ids: in_flight.segment.slots.iter().map(|s| s.message.message_id).collect(),
+                transaction_ids: in_flight.segment.slots.iter().map(|s| s.message.transaction_id.clone()).collect(),
+                payloads: in_flight.segment.slots.iter().map(|s| s.message.payload.clone()).collect(),
+            });
+        }
+        pushes
+    }
+
+    fn complete(&mut self, done: Done) {
+        match done {
+            Done::Bundle { segments, result, sql } => {
+                self.metrics.sql_call(sql);
+                match result {
+                    Ok(outcomes) => self.committed(segments, outcomes),
+                    Err(error) => self.failed(segments, &error),
+                }
+            }
+            Done::Hydration { partition_id, window_seconds, result } => self.hydrated(partition_id, window_seconds, result),
+        }
+    }
+
+    fn committed(&mut self, segments: Vec<InFlight>, outcomes: Vec<SegmentOutcome>) {
+        assert_eq!(segments.len(), outcomes.len(), "the push function answers every segment");
+        let now = self.now();
+        let mut commits: Vec<(i64, i64, Millis, Vec<u8>)> = Vec::new();
+        let mut wants_hydration: Vec<(i64, i32)> = Vec::new();
+        for (in_flight, outcome) in segments.into_iter().zip(outcomes) {
+            let InFlight { partition_id, window_seconds: planned, state, segment } = in_flight;
+            self.metrics.segment(outcome.probe());
+            let window_seconds = outcome.window_seconds();
+            let partition = self.partitions.entry(partition_id).or_default();
+            partition.busy = false;
+            // The window in force wins over the memoised one; the next plan
+            // carries it, and the cache rebuilds under it.
+            partition.window_seconds = window_seconds;
+            match outcome {
+                SegmentOutcome::Committed { base_offset, created_ms, .. } => {
+                    commits.push((partition_id, base_offset, created_ms, segment.hashes));
+                    for (i, slot) in segment.slots.into_iter().enumerate() {
+                        let offset = base_offset + i64::try_from(i).expect("segments are bounded");
+                        let outcome = Outcome::Queued { message_id: slot.message.message_id, offset };
+                        self.deliver(slot, outcome);
+                    }
+                }
+                SegmentOutcome::Duplicates { duplicates, .. } => {
+                    let mut slots: Vec<Option<Slot>> = segment.slots.into_iter().map(Some).collect();
+                    for duplicate in duplicates {
+                        let slot = slots[duplicate.index as usize].take().expect("each index once");
+                        let outcome = Outcome::Duplicate { message_id: duplicate.message_id, offset: duplicate.offset };
+                        self.deliver(slot, outcome);
+                    }
+                    // Nothing of the segment was written; the rest go again.
+                    let rest: Vec<Slot> = slots.into_iter().flatten().collect();
+                    if !rest.is_empty() {
+                        self.partitions.entry(partition_id).or_default().queue.requeue_front(rest);
+                    }
+                }
+            }
+            let needs_rebuild = matches!(state, EntryState::Cold | EntryState::Gap | EntryState::Rebuild);
+            if window_seconds > 0 && (needs_rebuild || window_seconds != planned) {
+                wants_hydration.push((partition_id, window_seconds));
+            }
+        }
+        self.record(now, &commits);
+        for (partition_id, window_seconds) in wants_hydration {
+            self.maybe_hydrate(now, partition_id, window_seconds);
+        }
+    }
+
+    fn record(&mut self, now: Millis, commits: &[(i64, i64, Millis, Vec<u8>)]) {
+        if commits.is_empty() {
+            return;
+        }
+        let commits: Vec<Commit<'_>> = commits
+            .iter()
+            .map(|(partition, base_offset, created_ms, hashes)| Commit {
+                partition: *partition,
+                base_offset: *base_offset,
+                created_ms: *created_ms,
+                hashes,
+            })
+            .collect();
+        let started = Instant::now();
+        self.cache.record_commits(now, &commits);
+        self.metrics.guest_call(started.elapsed());
+    }
+
+    /// Runs the admission gate and, if it admits, a full-window hydration.
+    fn maybe_hydrate(&mut self, now: Millis, partition_id: i64, window_seconds: i32) {
+        let Some(partition) = self.partitions.get_mut(&partition_id) else { return };
+        if partition.busy {
+            return;
+        }
+        // The shard keeps its own footprint hints; with none, an unknown
+        // partition is estimated empty, and the budget evicts or suppresses
+        // if the rows prove it wrong.
+        match self.cache.admit(now, partition_id, window_ms(window_seconds), 0) {
+            Admission::Suppressed => return,
+            Admission::Hydrate => {}
+        }
+        partition.busy = true;
+        let db = self.db.clone();
+        self.in_flight.push(Box::pin(async move {
+            let result = db.hydration(partition_id, window_seconds).await;
+            Done::Hydration { partition_id, window_seconds, result }
+        }));
+    }
+
+    fn hydrated(&mut self, partition_id: i64, window_seconds: i32, result: Result<HydrationRows, DbError>) {
+        if let Some(partition) = self.partitions.get_mut(&partition_id) {
+            partition.busy = false;
+        }
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(error) => {
+                tracing::warn!(partition_id, error = %error, "hydration failed; the partition is probed in full until it succeeds");
+                return;
+            }
+        };
+        let txns: Vec<TxnsRow<'_>> = rows
+            .rows
+            .iter()
+            .map(|r| TxnsRow {
+                base_offset: r.base_offset,
+                end_offset: r.end_offset,
+                created_ms: r.created_ms,
+                hashes: &r.hashes,
+            })
+            .collect();
+        let hydration = Hydration {
+            partition: partition_id,
+            window_ms: window_ms(window_seconds),
+            last_offset: rows.last_offset,
+            rows: &txns,
+        };
+        let started = Instant::now();
+        let now = self.now();
+        let installed = self.cache.hydrate(now, &hydration);
+        self.metrics.guest_call(started.elapsed());
+        self.metrics.hydration(installed.is_ok());
+    }
+
+    fn failed(&mut self, segments: Vec<InFlight>, error: &DbError) {
+        let failure = if error.is_unavailable() {
+            PushFailure::Unavailable(error.to_string())
+        } else {
+            PushFailure::Database(error.to_string())
+        };
+        tracing::warn!(shard = self.id, error = %error, "bundle failed");
+        for in_flight in segments {
+            if let Some(partition) = self.partitions.get_mut(&in_flight.partition_id) {
+                partition.busy = false;
+            }
+            for slot in in_flight.segment.slots {
+                for waiter in slot.waiters {
+                    if let Some(request) = self.requests.remove(&waiter.request) {
+                        let _ = request.reply.send(Err(failure.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Delivers a slot's final outcome: the leader gets it as is, every other
+    /// waiter inherits it as a duplicate of the leader's result.
+    fn deliver(&mut self, slot: Slot, leader: Outcome) {
+        let inherited = match leader {
+            Outcome::Queued { message_id, offset } | Outcome::Duplicate { message_id, offset } => {
+                Outcome::Duplicate { message_id, offset }
+            }
+        };
+        for (position, waiter) in slot.waiters.into_iter().enumerate() {
+            let outcome = if position == 0 { leader } else { inherited };
+            let Some(request) = self.requests.get_mut(&waiter.request) else { continue };
+            let cell = &mut request.outcomes[waiter.index as usize];
+            debug_assert!(cell.is_none(), "each message is answered once");
+            *cell = Some(outcome);
+            request.remaining -= 1;
+            if request.remaining == 0 {
+                let request = self.requests.remove(&waiter.request).expect("present");
+                let outcomes = request.outcomes.into_iter().map(|o| o.expect("all answered")).collect();
+                let _ = request.reply.send(Ok(outcomes));
+            }
+        }
+    }
+
+    /// The wall clock, held monotone: a clock stepped backwards repeats the
+    /// last instant rather than moving the cache's time back.
+    fn now(&mut self) -> Millis {
+        self.last_now = self.last_now.max(now_ms());
+        self.last_now
+    }
+
+    fn housekeeping(&mut self) {
+        let now = self.now();
+        self.cache.expire(now);
+        // Forget the queues of idle partitions; their cache entries stay.
+        self.partitions.retain(|_, p| p.busy || !p.queue.is_empty());
+        let stats = self.cache.stats();
+        self.metrics.publish_shard(self.id, &stats, self.cache.rebuilds());
+    }
+}
+
+/// The host's wall clock, in milliseconds since the Unix epoch.
+pub fn now_ms() -> Millis {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    Millis::try_from(since.as_millis()).unwrap_or(Millis::MAX)
+}
+
+fn window_ms(window_seconds: i32) -> u64 {
+    u64::try_from(window_seconds).unwrap_or(0) * 1000
+}

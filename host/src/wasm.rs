@@ -1,0 +1,328 @@
+//! The cache component in wasmtime: one compiled component and one
+//! `InstancePre` shared by every shard, one `Store` and instance per shard.
+//!
+//! Every call runs under an epoch deadline and the store under a memory
+//! limit. A trap, an exhausted deadline or a failed memory grow retires the
+//! instance: the shard is rebuilt from the shared `InstancePre`, and the call
+//! that failed answers as an empty cache would (`-1`, cold). The verdicts never
+//! depend on the guest.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use stile_guest as core;
+use wasmtime::component::{Component, Linker, ResourceAny};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "dedup",
+});
+
+use exports::stile::dedup::cache as wit;
+
+/// How often the epoch advances.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Ticks one call may run before it is interrupted: two seconds, far beyond
+/// any honest call (a plan is microseconds, a million-hash hydration well under
+/// a second) and short enough that a runaway guest cannot stall a shard.
+const CALL_DEADLINE_TICKS: u64 = 200;
+
+/// The compiled component, shared by every shard.
+#[derive(Clone)]
+pub struct WasmEngine {
+    engine: Engine,
+    pre: DedupPre<StoreState>,
+    faults: Arc<FaultInjection>,
+    _ticker: Arc<EpochTicker>,
+}
+
+impl std::fmt::Debug for WasmEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmEngine").finish_non_exhaustive()
+    }
+}
+
+/// A test-only switch: traps a fraction of guest calls, by cutting their
+/// epoch deadline to nothing, so that the rebuild path runs for real.
+#[derive(Debug, Default)]
+pub struct FaultInjection {
+    /// Calls per million that trap.
+    pub trap_per_million: AtomicU32,
+}
+
+impl WasmEngine {
+    /// Compiles `component` (the embedded one by default) and prepares it for
+    /// instantiation. The component imports nothing, so the linker is empty.
+    pub fn new(component: &[u8]) -> anyhow::Result<WasmEngine> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config)?;
+        let component = Component::new(&engine, component).map_err(anyhow::Error::from).context("compile the cache component")?;
+        let linker = Linker::<StoreState>::new(&engine);
+        let pre = DedupPre::new(linker.instantiate_pre(&component)?)?;
+        let ticker = Arc::new(EpochTicker::start(engine.clone()));
+        Ok(WasmEngine { engine, pre, faults: Arc::new(FaultInjection::default()), _ticker: ticker })
+    }
+
+    /// The switch that injects guest traps (for fault tests).
+    pub fn faults(&self) -> &Arc<FaultInjection> {
+        &self.faults
+    }
+}
+
+/// What each store carries: its memory limits.
+struct StoreState {
+    limits: StoreLimits,
+}
+
+/// One shard's cache inside one wasmtime instance.
+pub struct WasmShard {
+    engine: WasmEngine,
+    config: core::ShardConfig,
+    live: Live,
+    rebuilds: u64,
+    fault_counter: u64,
+}
+
+impl std::fmt::Debug for WasmShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmShard").field("config", &self.config).field("rebuilds", &self.rebuilds).finish_non_exhaustive()
+    }
+}
+
+/// A live instance and its shard resource.
+struct Live {
+    store: Store<StoreState>,
+    bindings: Dedup,
+    shard: ResourceAny,
+}
+
+impl WasmShard {
+    pub fn new(engine: &WasmEngine, config: core::ShardConfig) -> anyhow::Result<WasmShard> {
+        let live = Live::instantiate(engine, config)?;
+        Ok(WasmShard { engine: engine.clone(), config, live, rebuilds: 0, fault_counter: 0 })
+    }
+
+    pub fn rebuilds(&self) -> u64 {
+        self.rebuilds
+    }
+
+    pub fn plan(&mut self, now_ms: core::Millis, segments: &[core::Segment<'_>]) -> Vec<core::Plan> {
+        let segments: Vec<wit::Segment> = segments
+            .iter()
+            .map(|s| wit::Segment { partition: s.partition, window_ms: s.window_ms, hashes: s.hashes.to_vec() })
+            .collect();
+        let cold = || {
+            segments
+                .iter()
+                .map(|_| core::Plan { p_verified: core::NO_VOUCH, local_hits: Vec::new(), state: core::EntryState::Cold })
+                .collect()
+        };
+        match self.call(|guest, store, shard| guest.call_plan(store, shard, now_ms, &segments)) {
+            Some(plans) => plans.into_iter().map(plan_from_wit).collect(),
+            None => cold(),
+        }
+    }
+
+    pub fn record_commits(&mut self, now_ms: core::Millis, commits: &[core::Commit<'_>]) {
+        let commits: Vec<wit::Commit> = commits
+            .iter()
+            .map(|c| wit::Commit {
+                partition: c.partition,
+                base_offset: c.base_offset,
+                created_ms: c.created_ms,
+                hashes: c.hashes.to_vec(),
+            })
+            .collect();
+        self.call(|guest, store, shard| guest.call_record_commits(store, shard, now_ms, &commits));
+    }
+
+    pub fn admit(
+        &mut self,
+        now_ms: core::Millis,
+        partition: core::PartitionId,
+        window_ms: u64,
+        estimate: u64,
+    ) -> core::Admission {
+        let admission = self.call(|guest, store, shard| guest.call_admit(store, shard, now_ms, partition, window_ms, estimate));
+        match admission {
+            Some(wit::Admission::Hydrate) => core::Admission::Hydrate,
+            Some(wit::Admission::Suppressed) | None => core::Admission::Suppressed,
+        }
+    }
+
+    pub fn hydrate(&mut self, now_ms: core::Millis, hydration: &core::Hydration<'_>) -> Result<(), core::HydrateError> {
+        let hydration = wit::Hydration {
+            partition: hydration.partition,
+            window_ms: hydration.window_ms,
+            last_offset: hydration.last_offset,
+            rows: hydration
+                .rows
+                .iter()
+                .map(|r| wit::TxnsRow {
+                    base_offset: r.base_offset,
+                    end_offset: r.end_offset,
+                    created_ms: r.created_ms,
+                    hashes: r.hashes.to_vec(),
+                })
+                .collect(),
+        };
+        match self.call(|guest, store, shard| guest.call_hydrate(store, shard, now_ms, &hydration)) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(wit::HydrateError::WindowOff)) => Err(core::HydrateError::WindowOff),
+            // A retired instance installed nothing; to the caller that is a
+            // hydration that did not take.
+            Some(Err(wit::HydrateError::Malformed)) | None => Err(core::HydrateError::Malformed),
+        }
+    }
+
+    pub fn expire(&mut self, now_ms: core::Millis) {
+        self.call(|guest, store, shard| guest.call_expire(store, shard, now_ms));
+    }
+
+    pub fn forget(&mut self, partition: core::PartitionId) {
+        self.call(|guest, store, shard| guest.call_forget(store, shard, partition));
+    }
+
+    pub fn stats(&mut self) -> core::Stats {
+        self.call(|guest, store, shard| guest.call_stats(store, shard)).map(stats_from_wit).unwrap_or_default()
+    }
+
+    /// Runs one guest call under the deadline. On failure the instance is
+    /// retired and rebuilt, and the call answers `None`.
+    fn call<R>(
+        &mut self,
+        f: impl FnOnce(wit::GuestShard<'_>, &mut Store<StoreState>, ResourceAny) -> wasmtime::Result<R>,
+    ) -> Option<R> {
+        let deadline = if self.inject_fault() { 0 } else { CALL_DEADLINE_TICKS };
+        let Live { store, bindings, shard } = &mut self.live;
+        store.set_epoch_deadline(deadline);
+        match f(bindings.stile_dedup_cache().shard(), store, *shard) {
+            Ok(value) => Some(value),
+            Err(error) => {
+                tracing::warn!(error = %error, "cache instance failed; rebuilding it");
+                self.retire();
+                None
+            }
+        }
+    }
+
+    fn inject_fault(&mut self) -> bool {
+        let per_million = self.engine.faults.trap_per_million.load(Ordering::Relaxed);
+        if per_million == 0 {
+            return false;
+        }
+        // A deterministic spread: every call advances a counter, and a fixed
+        // fraction of them (scrambled so the traps do not align with flush
+        // boundaries) fail.
+        self.fault_counter = self.fault_counter.wrapping_add(1);
+        let scrambled = self.fault_counter.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        scrambled % 1_000_000 < u64::from(per_million)
+    }
+
+    fn retire(&mut self) {
+        self.rebuilds += 1;
+        // Instantiating from a validated InstancePre fails only if the engine
+        // itself is broken; keep trying rather than serve without a cache.
+        loop {
+            match Live::instantiate(&self.engine, self.config) {
+                Ok(live) => {
+                    self.live = live;
+                    return;
+                }
+                Err(error) => {
+                    tracing::error!(error = %error, "cannot rebuild the cache instance");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+}
+
+impl Live {
+    fn instantiate(engine: &WasmEngine, config: core::ShardConfig) -> anyhow::Result<Live> {
+        let limits = StoreLimitsBuilder::new().memory_size(memory_limit(config.budget_bytes)).trap_on_grow_failure(true).build();
+        let mut store = Store::new(&engine.engine, StoreState { limits });
+        store.limiter(|state| &mut state.limits);
+        store.set_epoch_deadline(CALL_DEADLINE_TICKS);
+        let bindings = engine.pre.instantiate(&mut store)?;
+        let wit_config = wit::ShardConfig { budget_bytes: config.budget_bytes, skew_slack_ms: config.skew_slack_ms };
+        let shard = bindings.stile_dedup_cache().shard().call_constructor(&mut store, wit_config)?;
+        Ok(Live { store, bindings, shard })
+    }
+}
+
+/// The linear-memory ceiling of one instance. The budget is soft (a partition
+/// used in the last five seconds is never evicted), so the ceiling leaves room
+/// above it; it exists to turn a runaway guest into a trap, not to enforce the
+/// budget.
+fn memory_limit(budget_bytes: u64) -> usize {
+    let limit = budget_bytes.saturating_mul(2).saturating_add(256 << 20);
+    usize::try_from(limit.min(u64::from(u32::MAX))).unwrap_or(usize::MAX)
+}
+
+fn plan_from_wit(plan: wit::Plan) -> core::Plan {
+    let state = match plan.state {
+        wit::EntryState::Vouching => core::EntryState::Vouching,
+        wit::EntryState::Cold => core::EntryState::Cold,
+        wit::EntryState::Gap => core::EntryState::Gap,
+        wit::EntryState::Rebuild => core::EntryState::Rebuild,
+        wit::EntryState::Suppressed => core::EntryState::Suppressed,
+    };
+    core::Plan { p_verified: plan.p_verified, local_hits: plan.local_hits, state }
+}
+
+fn stats_from_wit(s: wit::Stats) -> core::Stats {
+    core::Stats {
+        entries: s.entries,
+        vouching: s.vouching,
+        bytes: s.bytes,
+        hashes: s.hashes,
+        generations: s.generations,
+        suppressed: s.suppressed,
+        segments_planned: s.segments_planned,
+        segments_vouched: s.segments_vouched,
+        hashes_checked: s.hashes_checked,
+        bloom_maybes: s.bloom_maybes,
+        local_hits: s.local_hits,
+        hydrations: s.hydrations,
+        evictions: s.evictions,
+        expired_generations: s.expired_generations,
+    }
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> EpochTicker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("stile-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawn the epoch ticker");
+        EpochTicker { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
