@@ -13,9 +13,11 @@
 
 extern crate alloc;
 
-// The component links std for its allocator and panic handler; on
-// wasm32-unknown-unknown std imports nothing.
-#[cfg(feature = "component")]
+// std supplies the allocator and panic handler that the cdylib artifact needs:
+// the component links it (on wasm32-unknown-unknown std imports nothing), and
+// so does every native build, where the host links std anyway. The cache's own
+// code uses only `core` and `alloc`; `testing` is the one module that uses std.
+#[cfg(any(feature = "component", feature = "testing", not(target_family = "wasm")))]
 extern crate std;
 
 mod api;
@@ -28,6 +30,12 @@ mod shard;
 
 #[cfg(feature = "component")]
 mod component;
+
+/// A reference model of PostgreSQL and a property driver that runs against any
+/// implementation of [`testing::Cache`]: this crate's [`Shard`] natively, and
+/// the component as loaded by a host.
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use api::*;
 pub use hash::{HASH_LEN, Hash};

@@ -1,1 +1,235 @@
-//! Placeholder.
+//! The ring: one partition's in-window hashes as generations in time order,
+//! oldest at the front. Each generation is a bloom filter over its own exact
+//! hashes (see [`generation`]); appends go to the newest generation and spill
+//! into a new one when it is full; expiry drops whole generations from the
+//! front.
+//!
+//! Whole-generation expiry is what keeps the cache sound without
+//! refcounting: a hash lives independently in every generation that received
+//! it, and a generation is dropped only when its newest hash is older than
+//! the window plus the skew slack, so the resident set is always a superset
+//! of the in-window hashes. A superset can only cause a false local hit (one
+//! extra SQL probe), never a false "no duplicate".
+
+mod generation;
+mod run;
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+use crate::api::{Millis, NO_VOUCH, Offset};
+use crate::bloom::TIERS;
+use crate::hash::Hash;
+use generation::Generation;
+
+/// The capacity of a new generation: the smallest tier at or above the
+/// hashes the ring already holds. An idle partition thus carries one small
+/// filter, and a busy one grows ×8 per step up to the largest tier.
+pub fn capacity_for(held: usize) -> usize {
+    TIERS.into_iter().find(|&tier| tier >= held).unwrap_or(TIERS[TIERS.len() - 1])
+}
+
+/// One partition's generations, oldest first.
+#[derive(Debug, Default)]
+pub struct Ring {
+    generations: VecDeque<Generation>,
+    /// Hashes across all generations.
+    held: usize,
+}
+
+/// What an expiry dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expired {
+    pub generations: usize,
+    /// The highest offset of the dropped generations, or `NO_VOUCH`.
+    pub max_offset: Offset,
+}
+
+/// Buffers a batch check reuses from call to call.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    maybes: Vec<u32>,
+    hit_words: Vec<u64>,
+}
+
+impl Ring {
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    pub fn generation_count(&self) -> usize {
+        self.generations.len()
+    }
+
+    /// The accounted footprint of every generation.
+    pub fn bytes(&self) -> usize {
+        self.generations.iter().map(Generation::bytes).sum()
+    }
+
+    /// Appends hashes committed at the contiguous offsets `first_offset..`,
+    /// which must lie above every offset already appended.
+    pub fn append(&mut self, first_offset: Offset, created_ms: Millis, hashes: &[Hash]) {
+        debug_assert!(self.generations.back().is_none_or(|newest| newest.max_offset() < first_offset));
+        let mut offset = first_offset;
+        let mut rest = hashes;
+        while !rest.is_empty() {
+            if self.generations.back().is_none_or(|newest| newest.room() == 0) {
+                self.generations.push_back(Generation::new(capacity_for(self.held)));
+            }
+            let newest = self.generations.back_mut().expect("just ensured");
+            let (now, later) = rest.split_at(rest.len().min(newest.room()));
+            newest.append(offset, created_ms, now);
+            self.held += now.len();
+            offset += now.len() as Offset;
+            rest = later;
+        }
+    }
+
+    /// Drops generations from the front while their newest hash was created
+    /// before `cutoff_ms`. Stops at the first that is not entirely stale, so
+    /// that the survivors always cover every offset above those dropped.
+    pub fn expire(&mut self, cutoff_ms: Millis) -> Expired {
+        let mut expired = Expired { generations: 0, max_offset: NO_VOUCH };
+        while let Some(oldest) = self.generations.front()
+            && oldest.max_created_ms() < cutoff_ms
+        {
+            let oldest = self.generations.pop_front().expect("just seen");
+            self.held -= oldest.len();
+            expired.generations += 1;
+            expired.max_offset = expired.max_offset.max(oldest.max_offset());
+        }
+        debug_assert!(self.generations.front().is_none_or(|front| front.min_offset() > expired.max_offset));
+        expired
+    }
+
+    /// Replaces `hits` with the indexes of `hashes` that some generation
+    /// holds, ascending, and answers how many bloom "maybe"s it took.
+    ///
+    /// Each generation probes the whole batch through its filter first; only
+    /// its "maybe"s fall through to its own exact check, and a definite miss
+    /// touches nothing else.
+    pub fn find(&self, hashes: &[Hash], scratch: &mut Scratch, hits: &mut Vec<u32>) -> usize {
+        let Scratch { maybes, hit_words } = scratch;
+        hit_words.clear();
+        hit_words.resize(hashes.len().div_ceil(64), 0);
+        let mut maybe_count = 0;
+        // Newest first: a retry usually repeats something recent.
+        for generation in self.generations.iter().rev() {
+            generation.maybe_batch(hashes, maybes);
+            maybe_count += maybes.len();
+            for &index in maybes.iter() {
+                let index = index as usize;
+                let (word, bit) = (index / 64, 1u64 << (index % 64));
+                if hit_words[word] & bit == 0 && generation.contains(hashes[index]) {
+                    hit_words[word] |= bit;
+                }
+            }
+        }
+        hits.clear();
+        for (word_index, &word) in hit_words.iter().enumerate() {
+            let mut word = word;
+            while word != 0 {
+                hits.push((word_index * 64) as u32 + word.trailing_zeros());
+                word &= word - 1;
+            }
+        }
+        maybe_count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    fn hashes(seed: u64, n: usize) -> Vec<Hash> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                u128::from(state) << 64 | u128::from(state.rotate_left(29))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn capacity_tiers_follow_the_held_count() {
+        assert_eq!(capacity_for(0), 4_096);
+        assert_eq!(capacity_for(4_096), 4_096);
+        assert_eq!(capacity_for(4_097), 32_768);
+        assert_eq!(capacity_for(40_000), 262_144);
+        assert_eq!(capacity_for(262_145), 1_048_576);
+        assert_eq!(capacity_for(50_000_000), 1_048_576);
+    }
+
+    #[test]
+    fn a_large_append_spills_into_growing_generations() {
+        let mut ring = Ring::default();
+        let all = hashes(1, 50_000);
+        ring.append(0, 7, &all);
+        // 4,096 then 4,096 (held 4,096) then 32,768 (held 8,192) then 262,144.
+        let capacities: Vec<usize> = ring.generations.iter().map(Generation::capacity).collect();
+        assert_eq!(capacities, [4_096, 4_096, 32_768, 262_144]);
+        assert_eq!(ring.held(), all.len());
+        let offsets: Vec<(Offset, Offset)> = ring.generations.iter().map(|g| (g.min_offset(), g.max_offset())).collect();
+        assert_eq!(offsets, [(0, 4_095), (4_096, 8_191), (8_192, 40_959), (40_960, 49_999)]);
+        let mut scratch = Scratch::default();
+        let mut hits = Vec::new();
+        ring.find(&all, &mut scratch, &mut hits);
+        assert_eq!(hits.len(), all.len());
+    }
+
+    #[test]
+    fn find_reports_exact_hits_in_order() {
+        let mut ring = Ring::default();
+        let held = hashes(2, 6_000);
+        ring.append(100, 0, &held[..3_000]);
+        ring.append(3_100, 0, &held[3_000..]);
+        let strangers = hashes(3, 1_000);
+        let batch = vec![strangers[0], held[5], strangers[1], held[5_999], held[5], strangers[2]];
+        let mut scratch = Scratch::default();
+        let mut hits = vec![42];
+        let maybes = ring.find(&batch, &mut scratch, &mut hits);
+        assert_eq!(hits, [1, 3, 4]);
+        assert!(maybes >= 3);
+        // A long batch of strangers: false positives are possible in the
+        // filters, never in the answer.
+        let maybes = ring.find(&strangers, &mut scratch, &mut hits);
+        assert!(hits.is_empty());
+        assert!(maybes < 10, "{maybes} maybes for 1,000 strangers");
+    }
+
+    #[test]
+    fn expiry_drops_whole_stale_generations_from_the_front() {
+        let mut ring = Ring::default();
+        let all = hashes(4, 4_096 * 3);
+        ring.append(0, 1_000, &all[..4_096]);
+        ring.append(4_096, 2_000, &all[4_096..4_100]);
+        ring.append(4_100, 9_000, &all[4_100..8_192]);
+        ring.append(8_192, 3_000, &all[8_192..]);
+        assert_eq!(ring.generation_count(), 3);
+        assert_eq!(ring.expire(1_000), Expired { generations: 0, max_offset: NO_VOUCH }, "not strictly older");
+        // The second generation is stale by its first hashes but not by its
+        // newest, so it stays, and so does the third behind it.
+        assert_eq!(ring.expire(5_000), Expired { generations: 1, max_offset: 4_095 });
+        assert_eq!(ring.held(), 4_096 * 2);
+        assert_eq!(ring.expire(9_001), Expired { generations: 2, max_offset: 4_096 * 3 - 1 });
+        assert_eq!((ring.held(), ring.generation_count(), ring.bytes()), (0, 0, 0));
+        let mut hits = Vec::new();
+        ring.find(&all, &mut Scratch::default(), &mut hits);
+        assert!(hits.is_empty());
+    }
+
+    #[test]
+    fn repeated_hashes_stay_known_until_their_last_generation_goes() {
+        let mut ring = Ring::default();
+        let first = hashes(5, 4_096);
+        let repeated = first[17];
+        ring.append(0, 1_000, &first);
+        ring.append(4_096, 5_000, &[repeated]);
+        assert_eq!(ring.expire(2_000).generations, 1);
+        let mut hits = Vec::new();
+        ring.find(&[repeated], &mut Scratch::default(), &mut hits);
+        assert_eq!(hits, [0]);
+    }
+}

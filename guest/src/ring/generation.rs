@@ -1,0 +1,275 @@
+//! One generation of a partition's ring: a bloom filter sized for the
+//! generation's capacity and the exact hashes it fronts.
+//!
+//! The exact hashes live in a hot arrival-order buffer and in sorted runs of
+//! sealed blocks. The hot buffer grows by doubling up to exactly one block and
+//! is sealed the instant it is full: sorted in place and handed to a new run
+//! as is, without a copy. Runs merge binary-counter style (two runs of equal
+//! block count become one), so a generation holds at most log2(blocks) + 1
+//! runs and, because capacities are powers of two of blocks, a full
+//! generation is exactly one run.
+//!
+//! While the hot buffer fills, each completed chunk of [`CHUNK`] hashes is
+//! sorted in place, so an exact lookup binary-searches the chunks and scans
+//! only the unsorted tail.
+
+use alloc::vec::Vec;
+
+use super::run::{BLOCK, Run};
+use crate::api::{Millis, NO_VOUCH, Offset};
+use crate::bloom::Bloom;
+use crate::hash::{HASH_LEN, Hash};
+
+/// Hashes per sorted chunk of the hot buffer.
+pub const CHUNK: usize = 256;
+
+/// Accounted bytes of a generation besides its filter and its hashes.
+pub const GENERATION_OVERHEAD: usize = 256;
+
+/// The smallest capacity the hot buffer starts at.
+const HOT_START: usize = 16;
+
+const _: () = assert!(BLOCK.is_multiple_of(CHUNK) && BLOCK.is_power_of_two() && HOT_START.is_power_of_two());
+
+#[derive(Debug)]
+pub struct Generation {
+    bloom: Bloom,
+    /// Arrival order; every complete `CHUNK` of it is sorted.
+    hot: Vec<Hash>,
+    /// Block counts strictly decrease front to back.
+    runs: Vec<Run>,
+    len: usize,
+    min_offset: Offset,
+    max_offset: Offset,
+    max_created_ms: Millis,
+}
+
+impl Generation {
+    /// An empty generation for `capacity` hashes, a power of two of blocks.
+    pub fn new(capacity: usize) -> Generation {
+        assert!(capacity.is_power_of_two() && capacity >= BLOCK);
+        Generation {
+            bloom: Bloom::new(capacity),
+            hot: Vec::new(),
+            runs: Vec::new(),
+            len: 0,
+            min_offset: Offset::MAX,
+            max_offset: NO_VOUCH,
+            max_created_ms: Millis::MIN,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.bloom.capacity()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// How many more hashes fit.
+    pub fn room(&self) -> usize {
+        self.capacity() - self.len
+    }
+
+    /// The lowest offset appended; `Offset::MAX` while empty.
+    pub fn min_offset(&self) -> Offset {
+        self.min_offset
+    }
+
+    /// The highest offset appended; `NO_VOUCH` while empty.
+    pub fn max_offset(&self) -> Offset {
+        self.max_offset
+    }
+
+    /// The newest `created_ms` appended; `Millis::MIN` while empty.
+    pub fn max_created_ms(&self) -> Millis {
+        self.max_created_ms
+    }
+
+    /// The accounted footprint: filter, hashes and a fixed overhead.
+    pub fn bytes(&self) -> usize {
+        GENERATION_OVERHEAD + self.bloom.bytes() + self.len * HASH_LEN
+    }
+
+    /// Appends hashes committed at the contiguous offsets `first_offset..`.
+    /// They must fit in the room left.
+    pub fn append(&mut self, first_offset: Offset, created_ms: Millis, hashes: &[Hash]) {
+        assert!(hashes.len() <= self.room());
+        if hashes.is_empty() {
+            return;
+        }
+        let last_offset = first_offset + (hashes.len() as Offset - 1);
+        self.min_offset = self.min_offset.min(first_offset);
+        self.max_offset = self.max_offset.max(last_offset);
+        self.max_created_ms = self.max_created_ms.max(created_ms);
+        for &hash in hashes {
+            self.bloom.insert(hash);
+        }
+        let mut rest = hashes;
+        while !rest.is_empty() {
+            let (now, later) = rest.split_at(rest.len().min(BLOCK - self.hot.len()));
+            self.push_hot(now);
+            rest = later;
+        }
+        self.len += hashes.len();
+        debug_assert_eq!(self.len, self.hot.len() + self.runs.iter().map(Run::len).sum::<usize>());
+        debug_assert!(self.len < self.capacity() || (self.hot.is_empty() && self.runs.len() == 1));
+    }
+
+    /// Replaces `maybes` with the indexes of `hashes` the filter may hold.
+    pub fn maybe_batch(&self, hashes: &[Hash], maybes: &mut Vec<u32>) {
+        self.bloom.maybe_batch(hashes, maybes);
+    }
+
+    /// The exact check: whether the generation holds the hash.
+    pub fn contains(&self, hash: Hash) -> bool {
+        self.runs.iter().any(|run| run.contains(hash)) || self.hot_contains(hash)
+    }
+
+    /// Adds hashes that fit in the hot buffer without passing one block.
+    fn push_hot(&mut self, hashes: &[Hash]) {
+        let before = self.hot.len();
+        let after = before + hashes.len();
+        assert!(after <= BLOCK);
+        self.reserve_hot(after);
+        self.hot.extend_from_slice(hashes);
+        for chunk in before / CHUNK..after / CHUNK {
+            self.hot[chunk * CHUNK..(chunk + 1) * CHUNK].sort_unstable();
+        }
+        if after == BLOCK {
+            self.seal();
+        }
+    }
+
+    /// Grows the hot buffer by doubling so that its capacity stays a power of
+    /// two no larger than one block, which makes the seal a hand-off.
+    fn reserve_hot(&mut self, needed: usize) {
+        let capacity = self.hot.capacity();
+        if needed <= capacity {
+            return;
+        }
+        let grown = needed.next_power_of_two().max(capacity * 2).clamp(HOT_START, BLOCK);
+        self.hot.reserve_exact(grown - self.hot.len());
+        debug_assert!(self.hot.capacity() <= BLOCK);
+    }
+
+    /// Turns the full hot buffer into a run of one block and carries the
+    /// binary counter.
+    fn seal(&mut self) {
+        let mut block = core::mem::take(&mut self.hot);
+        assert_eq!(block.len(), BLOCK);
+        debug_assert_eq!(block.capacity(), BLOCK, "the seal must not reallocate");
+        block.sort_unstable();
+        self.runs.push(Run::single(block.into_boxed_slice()));
+        while let [.., older, newer] = self.runs.as_slice()
+            && older.block_count() == newer.block_count()
+        {
+            let newer = self.runs.pop().expect("two runs");
+            let older = self.runs.pop().expect("two runs");
+            self.runs.push(Run::merge(older, newer));
+        }
+        debug_assert!(self.runs.windows(2).all(|w| w[0].block_count() > w[1].block_count()));
+    }
+
+    fn hot_contains(&self, hash: Hash) -> bool {
+        let (chunks, tail) = self.hot.as_chunks::<CHUNK>();
+        chunks.iter().any(|chunk| chunk.binary_search(&hash).is_ok()) || tail.contains(&hash)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bloom::TIERS;
+
+    fn hashes(seed: u64, n: usize) -> Vec<Hash> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                u128::from(state) << 64 | u128::from(state.rotate_left(17))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn appends_track_offsets_and_time() {
+        let mut generation = Generation::new(TIERS[0]);
+        assert_eq!((generation.len(), generation.max_offset()), (0, NO_VOUCH));
+        generation.append(10, 1_000, &hashes(1, 3));
+        generation.append(13, 900, &hashes(2, 2));
+        assert_eq!(generation.len(), 5);
+        assert_eq!(generation.max_offset(), 14);
+        assert_eq!(generation.max_created_ms(), 1_000);
+        assert_eq!(generation.room(), TIERS[0] - 5);
+        generation.append(15, 2_000, &[]);
+        assert_eq!(generation.max_offset(), 14, "an empty append changes nothing");
+    }
+
+    #[test]
+    fn every_appended_hash_is_found_at_every_fill_level() {
+        let capacity = TIERS[1];
+        let all = hashes(7, capacity);
+        let strangers = hashes(8, 500);
+        let mut generation = Generation::new(capacity);
+        let mut offset = 0;
+        // Uneven segment sizes cross chunk and block boundaries at odd places.
+        for (i, segment) in all.chunks(1_000 + 37).enumerate() {
+            generation.append(offset, i as Millis, segment);
+            offset += segment.len() as Offset;
+            let held = &all[..offset as usize];
+            let step = (held.len() / 300).max(1);
+            assert!(held.iter().step_by(step).all(|&h| generation.contains(h)));
+            assert!(held[held.len().saturating_sub(300)..].iter().all(|&h| generation.contains(h)));
+            assert!(strangers.iter().all(|&h| !generation.contains(h)));
+        }
+        assert_eq!(generation.room(), 0);
+        assert_eq!(generation.runs.len(), 1, "a full generation is one run");
+        assert!(generation.hot.is_empty());
+        assert!(all.iter().all(|&h| generation.contains(h)));
+    }
+
+    #[test]
+    fn hot_buffer_doubles_and_never_passes_one_block() {
+        let mut generation = Generation::new(TIERS[0] * 2);
+        let all = hashes(3, TIERS[0] * 2);
+        let mut capacities = Vec::new();
+        for (i, &hash) in all.iter().enumerate() {
+            generation.append(i as Offset, 0, &[hash]);
+            let capacity = generation.hot.capacity();
+            assert!(capacity <= BLOCK && (capacity == 0 || capacity.is_power_of_two()));
+            if capacities.last() != Some(&capacity) {
+                capacities.push(capacity);
+            }
+        }
+        assert_eq!(capacities[..4], [16, 32, 64, 128]);
+        assert!(capacities.contains(&BLOCK));
+    }
+
+    #[test]
+    fn hot_chunks_are_sorted_as_they_fill() {
+        let mut generation = Generation::new(TIERS[0]);
+        generation.append(0, 0, &hashes(4, CHUNK * 3 + 10));
+        let (chunks, tail) = generation.hot.as_chunks::<CHUNK>();
+        assert_eq!((chunks.len(), tail.len()), (3, 10));
+        assert!(chunks.iter().all(|chunk| chunk.is_sorted()));
+    }
+
+    #[test]
+    fn maybe_batch_has_no_false_negatives() {
+        let mut generation = Generation::new(TIERS[0]);
+        let held = hashes(5, 2_000);
+        generation.append(0, 0, &held);
+        let mut maybes = Vec::new();
+        generation.maybe_batch(&held, &mut maybes);
+        assert_eq!(maybes.len(), held.len());
+    }
+
+    #[test]
+    #[should_panic(expected = "assertion")]
+    fn overfilling_is_a_bug() {
+        let mut generation = Generation::new(TIERS[0]);
+        generation.append(0, 0, &hashes(6, TIERS[0] + 1));
+    }
+}

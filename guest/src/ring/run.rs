@@ -1,0 +1,192 @@
+//! A sorted run: immutable sorted blocks of [`BLOCK`] hashes that together
+//! form one ascending sequence, with the first key of each block kept as a
+//! fence, so that membership is a binary search to the block and then one in
+//! the block.
+//!
+//! Runs only grow by merging two runs of equal block count (the binary
+//! counter of the generation that owns them). The merge streams block by
+//! block: it allocates one output block at a time and frees each input block
+//! as soon as it is consumed, so no allocation ever exceeds one block and the
+//! transient overhead is about one block per input.
+
+use alloc::boxed::Box;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::hash::Hash;
+
+/// Hashes per sealed block: 64 KiB, the largest allocation the exact ring
+/// ever makes.
+pub const BLOCK: usize = 4_096;
+
+/// An ascending sequence of hashes held in sealed blocks.
+#[derive(Debug)]
+pub struct Run {
+    blocks: Vec<Box<[Hash]>>,
+    /// `fences[i]` is the first hash of `blocks[i]`.
+    fences: Vec<Hash>,
+}
+
+impl Run {
+    /// A run of one sealed block, which must be sorted and full.
+    pub fn single(block: Box<[Hash]>) -> Run {
+        assert_eq!(block.len(), BLOCK);
+        debug_assert!(block.is_sorted());
+        Run { fences: vec![block[0]], blocks: vec![block] }
+    }
+
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.blocks.len() * BLOCK
+    }
+
+    pub fn contains(&self, hash: Hash) -> bool {
+        // The last block whose first key is at or below the hash is the only
+        // one that can hold it: every later block starts above it, and an
+        // earlier block that also holds it (a repeat spanning a boundary)
+        // would make this block's first key equal to it.
+        let after = self.fences.partition_point(|&fence| fence <= hash);
+        match after.checked_sub(1) {
+            Some(block) => self.blocks[block].binary_search(&hash).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Merges two runs into one, streaming block by block.
+    pub fn merge(older: Run, newer: Run) -> Run {
+        let block_count = older.blocks.len() + newer.blocks.len();
+        let mut merged = Run { blocks: Vec::with_capacity(block_count), fences: Vec::with_capacity(block_count) };
+        let mut left = Cursor::new(older.blocks);
+        let mut right = Cursor::new(newer.blocks);
+        let mut block = Vec::with_capacity(BLOCK);
+        loop {
+            let next = match (left.peek(), right.peek()) {
+                (Some(l), Some(r)) if l <= r => left.advance(),
+                (Some(_), Some(_)) | (None, Some(_)) => right.advance(),
+                (Some(_), None) => left.advance(),
+                (None, None) => break,
+            };
+            block.push(next);
+            if block.len() == BLOCK {
+                merged.push(core::mem::replace(&mut block, Vec::with_capacity(BLOCK)));
+            }
+        }
+        // Both inputs are whole blocks, so the output is too; the spare
+        // buffer allocated after the last push is dropped here.
+        assert!(block.is_empty());
+        assert_eq!(merged.blocks.len(), block_count);
+        merged
+    }
+
+    fn push(&mut self, block: Vec<Hash>) {
+        debug_assert_eq!(block.len(), BLOCK);
+        debug_assert!(self.blocks.last().is_none_or(|last| last[BLOCK - 1] <= block[0]));
+        self.fences.push(block[0]);
+        self.blocks.push(block.into_boxed_slice());
+    }
+}
+
+/// A read position in a sequence of blocks that frees each block once read.
+struct Cursor {
+    blocks: vec::IntoIter<Box<[Hash]>>,
+    current: Box<[Hash]>,
+    position: usize,
+}
+
+impl Cursor {
+    fn new(blocks: Vec<Box<[Hash]>>) -> Cursor {
+        Cursor { blocks: blocks.into_iter(), current: Box::new([]), position: 0 }
+    }
+
+    fn peek(&mut self) -> Option<Hash> {
+        if self.position == self.current.len() {
+            // Assigning drops the consumed block: its memory is back before
+            // the merge allocates its next output block.
+            self.current = self.blocks.next()?;
+            self.position = 0;
+        }
+        Some(self.current[self.position])
+    }
+
+    fn advance(&mut self) -> Hash {
+        let hash = self.current[self.position];
+        self.position += 1;
+        hash
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block_from(mut hashes: Vec<Hash>) -> Box<[Hash]> {
+        hashes.sort_unstable();
+        hashes.into_boxed_slice()
+    }
+
+    fn pseudo_random(seed: u64, n: usize) -> Vec<Hash> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                u128::from(state) << 64 | u128::from(state >> 7)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn single_block_membership() {
+        let hashes = pseudo_random(1, BLOCK);
+        let run = Run::single(block_from(hashes.clone()));
+        assert!(hashes.iter().all(|&h| run.contains(h)));
+        assert!(pseudo_random(2, 1_000).iter().all(|&h| !run.contains(h)));
+        assert!(!run.contains(0) && !run.contains(u128::MAX));
+        assert_eq!(run.len(), BLOCK);
+    }
+
+    #[test]
+    fn merges_keep_every_hash_and_global_order() {
+        let mut all = Vec::new();
+        let mut runs: Vec<Run> = (0..4)
+            .map(|seed| {
+                let hashes = pseudo_random(seed + 10, BLOCK);
+                all.extend_from_slice(&hashes);
+                Run::single(block_from(hashes))
+            })
+            .collect();
+        let d = runs.pop().unwrap();
+        let c = runs.pop().unwrap();
+        let b = runs.pop().unwrap();
+        let a = runs.pop().unwrap();
+        let merged = Run::merge(Run::merge(a, b), Run::merge(c, d));
+        assert_eq!(merged.block_count(), 4);
+        let flat: Vec<Hash> = merged.blocks.iter().flat_map(|b| b.iter().copied()).collect();
+        assert!(flat.is_sorted());
+        assert_eq!(merged.fences, merged.blocks.iter().map(|b| b[0]).collect::<Vec<_>>());
+        assert!(all.iter().all(|&h| merged.contains(h)));
+        assert!(pseudo_random(99, 2_000).iter().all(|&h| !merged.contains(h)));
+    }
+
+    #[test]
+    fn repeats_spanning_block_boundaries_are_found() {
+        // Two blocks made mostly of one hash: after merging, the repeat spans
+        // the boundary and appears as a fence.
+        let repeated = 1u128 << 100;
+        let mut first = vec![repeated; BLOCK];
+        first[0] = 5;
+        let mut second = vec![repeated; BLOCK];
+        second[BLOCK - 1] = u128::MAX;
+        let merged = Run::merge(Run::single(block_from(first)), Run::single(block_from(second)));
+        assert!(merged.contains(5) && merged.contains(repeated) && merged.contains(u128::MAX));
+        assert!(!merged.contains(6) && !merged.contains(repeated + 1) && !merged.contains(0));
+    }
+
+    #[test]
+    #[should_panic(expected = "assertion")]
+    fn a_partial_block_is_refused() {
+        let _ = Run::single(block_from(pseudo_random(3, BLOCK - 1)));
+    }
+}
