@@ -27,18 +27,13 @@ struct ShardResource(RefCell<CoreShard>);
 
 impl wit::GuestShard for ShardResource {
     fn new(config: wit::ShardConfig) -> Self {
-        let config = api::ShardConfig {
-            budget_bytes: config.budget_bytes,
-            skew_slack_ms: config.skew_slack_ms,
-        };
+        let config = api::ShardConfig { budget_bytes: config.budget_bytes, skew_slack_ms: config.skew_slack_ms };
         ShardResource(RefCell::new(CoreShard::new(config)))
     }
 
     fn plan(&self, now_ms: wit::Millis, segments: Vec<wit::Segment>) -> Vec<wit::Plan> {
-        let segments: Vec<api::Segment<'_>> = segments
-            .iter()
-            .map(|s| api::Segment { partition: s.partition, window_ms: s.window_ms, hashes: &s.hashes })
-            .collect();
+        let segments: Vec<api::Segment<'_>> =
+            segments.iter().map(|s| api::Segment { partition: s.partition, window_ms: s.window_ms, hashes: &s.hashes }).collect();
         let plans = self.0.borrow_mut().plan(now_ms, &segments);
         plans.into_iter().map(plan_to_wit).collect()
     }

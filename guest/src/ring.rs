@@ -22,11 +22,17 @@ use crate::bloom::TIERS;
 use crate::hash::Hash;
 use generation::Generation;
 
-/// The capacity of a new generation: the smallest tier at or above the
-/// hashes the ring already holds. An idle partition thus carries one small
-/// filter, and a busy one grows ×8 per step up to the largest tier.
+/// The capacity of a new generation: the smallest tier at or above a quarter
+/// of the hashes the ring already holds. An idle partition thus carries one
+/// small filter, and a busy one grows ×8 per step up to the largest tier.
+///
+/// A quarter, not the whole: expiry drops whole generations, so a ring holds
+/// up to about one generation beyond its window. Generations of a quarter of
+/// the window keep that overhead near 25 % (about five live generations to
+/// probe); generations as large as the window would keep twice the window.
 pub fn capacity_for(held: usize) -> usize {
-    TIERS.into_iter().find(|&tier| tier >= held).unwrap_or(TIERS[TIERS.len() - 1])
+    let wanted = held / 4;
+    TIERS.into_iter().find(|&tier| tier >= wanted).unwrap_or(TIERS[TIERS.len() - 1])
 }
 
 /// One partition's generations, oldest first.
@@ -155,10 +161,10 @@ mod tests {
     #[test]
     fn capacity_tiers_follow_the_held_count() {
         assert_eq!(capacity_for(0), 4_096);
-        assert_eq!(capacity_for(4_096), 4_096);
-        assert_eq!(capacity_for(4_097), 32_768);
-        assert_eq!(capacity_for(40_000), 262_144);
-        assert_eq!(capacity_for(262_145), 1_048_576);
+        assert_eq!(capacity_for(16_384 + 3), 4_096);
+        assert_eq!(capacity_for(16_384 + 4), 32_768);
+        assert_eq!(capacity_for(160_000), 262_144);
+        assert_eq!(capacity_for(4 * 262_144 + 4), 1_048_576);
         assert_eq!(capacity_for(50_000_000), 1_048_576);
     }
 
@@ -167,12 +173,12 @@ mod tests {
         let mut ring = Ring::default();
         let all = hashes(1, 50_000);
         ring.append(0, 7, &all);
-        // 4,096 then 4,096 (held 4,096) then 32,768 (held 8,192) then 262,144.
+        // Five of 4,096 (held up to 16,384), then 32,768 (held 20,480).
         let capacities: Vec<usize> = ring.generations.iter().map(Generation::capacity).collect();
-        assert_eq!(capacities, [4_096, 4_096, 32_768, 262_144]);
+        assert_eq!(capacities, [4_096, 4_096, 4_096, 4_096, 4_096, 32_768]);
         assert_eq!(ring.held(), all.len());
         let offsets: Vec<(Offset, Offset)> = ring.generations.iter().map(|g| (g.min_offset(), g.max_offset())).collect();
-        assert_eq!(offsets, [(0, 4_095), (4_096, 8_191), (8_192, 40_959), (40_960, 49_999)]);
+        assert_eq!(offsets, [(0, 4_095), (4_096, 8_191), (8_192, 12_287), (12_288, 16_383), (16_384, 20_479), (20_480, 49_999)]);
         let mut scratch = Scratch::default();
         let mut hits = Vec::new();
         ring.find(&all, &mut scratch, &mut hits);
