@@ -65,10 +65,11 @@ impl Gateway {
         let plan = RequestPlan::new(items);
         let plan = &plan;
         let groups = plan.groups.iter().map(|((queue, partition), leaders)| async move {
-            let meta = self.partition(queue, partition).await?;
+            let (meta, window_read_at) = self.partition(queue, partition).await?;
             let messages = leaders.iter().map(|&item| plan.messages[item].clone()).collect();
             let shard = &self.shards[shard_of(meta.id, self.shards.len())];
-            let request = PartitionPushRequest { partition_id: meta.id, window_seconds: meta.window_seconds, messages };
+            let request =
+                PartitionPushRequest { partition_id: meta.id, window_seconds: meta.window_seconds, window_read_at, messages };
             let outcomes = shard.push(request).await?;
             Ok::<_, PushFailure>(leaders.iter().copied().zip(outcomes).collect::<Vec<_>>())
         });
@@ -89,11 +90,12 @@ impl Gateway {
 
     /// A partition's metadata, memoised for [`METADATA_TTL`]; created in
     /// PostgreSQL on first use.
-    async fn partition(&self, queue: &str, partition: &str) -> Result<PartitionMeta, PushFailure> {
+    /// Answers the metadata with the instant it was read from PostgreSQL.
+    async fn partition(&self, queue: &str, partition: &str) -> Result<(PartitionMeta, Instant), PushFailure> {
         let key = (queue.to_owned(), partition.to_owned());
         if let Some((meta, at)) = self.metadata.lock().expect("not poisoned").get(&key) {
             if at.elapsed() < METADATA_TTL {
-                return Ok(meta.clone());
+                return Ok((meta.clone(), *at));
             }
         }
         let meta = self.db.resolve_partition(queue, partition).await.map_err(|error| {
@@ -107,8 +109,9 @@ impl Gateway {
         if memo.len() >= METADATA_CAP {
             memo.clear();
         }
-        memo.insert(key, (meta.clone(), Instant::now()));
-        Ok(meta)
+        let read_at = Instant::now();
+        memo.insert(key, (meta.clone(), read_at));
+        Ok((meta, read_at))
     }
 
     /// Forgets memoised metadata of a queue, so that a configure made through

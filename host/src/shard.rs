@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
@@ -53,6 +54,8 @@ pub enum PushFailure {
 pub struct PartitionPush {
     pub partition_id: i64,
     pub window_seconds: i32,
+    /// When `window_seconds` was read from PostgreSQL.
+    pub window_read_at: Instant,
     pub messages: Vec<Message>,
     pub reply: oneshot::Sender<Result<Vec<Outcome>, PushFailure>>,
 }
@@ -87,6 +90,7 @@ impl ShardHandle {
         let push = PartitionPush {
             partition_id: push.partition_id,
             window_seconds: push.window_seconds,
+            window_read_at: push.window_read_at,
             messages: push.messages,
             reply,
         };
@@ -100,6 +104,7 @@ impl ShardHandle {
 pub struct PartitionPushRequest {
     pub partition_id: i64,
     pub window_seconds: i32,
+    pub window_read_at: Instant,
     pub messages: Vec<Message>,
 }
 
@@ -143,12 +148,37 @@ struct Worker {
     in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct PartitionState {
+    /// The partition's window, as last read from PostgreSQL: by the metadata
+    /// memo or, fresher, in the outcome of a push.
     window_seconds: i32,
+    window_read_at: Instant,
     queue: PartitionQueue,
     /// A segment or a hydration of this partition is in flight.
     busy: bool,
+    last_used: Instant,
+}
+
+impl PartitionState {
+    fn new(window_seconds: i32, window_read_at: Instant) -> PartitionState {
+        PartitionState {
+            window_seconds,
+            window_read_at,
+            queue: PartitionQueue::default(),
+            busy: false,
+            last_used: Instant::now(),
+        }
+    }
+
+    /// Adopts a window reading if it is newer than the one held, so that a
+    /// memo up to 30 s old cannot undo what a push just reported.
+    fn observe_window(&mut self, window_seconds: i32, read_at: Instant) {
+        if read_at >= self.window_read_at {
+            self.window_seconds = window_seconds;
+            self.window_read_at = read_at;
+        }
+    }
 }
 
 struct RequestState {
@@ -207,8 +237,12 @@ impl Worker {
             return;
         }
         self.requests.insert(request, RequestState { outcomes: vec![None; count], remaining: count, reply: push.reply });
-        let partition = self.partitions.entry(push.partition_id).or_default();
-        partition.window_seconds = push.window_seconds;
+        let partition = self
+            .partitions
+            .entry(push.partition_id)
+            .or_insert_with(|| PartitionState::new(push.window_seconds, push.window_read_at));
+        partition.observe_window(push.window_seconds, push.window_read_at);
+        partition.last_used = Instant::now();
         let indexed = push.messages.into_iter().enumerate().map(|(i, m)| (u32::try_from(i).expect("requests are bounded"), m));
         partition.queue.add(request, indexed);
     }
@@ -298,11 +332,11 @@ impl Worker {
             let InFlight { partition_id, window_seconds: planned, state, segment } = in_flight;
             self.metrics.segment(outcome.probe());
             let window_seconds = outcome.window_seconds();
-            let partition = self.partitions.entry(partition_id).or_default();
+            let partition = self.partitions.get_mut(&partition_id).expect("a partition in flight has a state");
             partition.busy = false;
             // The window in force wins over the memoised one; the next plan
             // carries it, and the cache rebuilds under it.
-            partition.window_seconds = window_seconds;
+            partition.observe_window(window_seconds, Instant::now());
             match outcome {
                 SegmentOutcome::Committed { base_offset, created_ms, .. } => {
                     commits.push((partition_id, base_offset, created_ms, segment.hashes));
@@ -322,7 +356,8 @@ impl Worker {
                     // Nothing of the segment was written; the rest go again.
                     let rest: Vec<Slot> = slots.into_iter().flatten().collect();
                     if !rest.is_empty() {
-                        self.partitions.entry(partition_id).or_default().queue.requeue_front(rest);
+                        let partition = self.partitions.get_mut(&partition_id).expect("a partition in flight has a state");
+                        partition.queue.requeue_front(rest);
                     }
                 }
             }
@@ -464,10 +499,31 @@ impl Worker {
     fn housekeeping(&mut self) {
         let now = self.now();
         self.cache.expire(now);
-        // Forget the queues of idle partitions; their cache entries stay.
-        self.partitions.retain(|_, p| p.busy || !p.queue.is_empty());
+        // Forget the state of partitions idle for as long as the metadata
+        // memo lives; their cache entries stay.
+        self.partitions.retain(|_, p| p.busy || !p.queue.is_empty() || p.last_used.elapsed() < crate::gateway::METADATA_TTL);
         let stats = self.cache.stats();
         self.metrics.publish_shard(self.id, &stats, self.cache.rebuilds());
+        if stats.suppressed > 0 {
+            warn_suppressed(now, self.id, stats.suppressed);
+        }
+    }
+}
+
+/// Warns that partitions are suppressed, at most once a minute across the
+/// whole process.
+fn warn_suppressed(now: Millis, shard: usize, suppressed: u64) {
+    static LAST_WARNING_MS: AtomicI64 = AtomicI64::new(i64::MIN);
+    let last = LAST_WARNING_MS.load(Ordering::Relaxed);
+    if now.saturating_sub(last) < 60_000 {
+        return;
+    }
+    if LAST_WARNING_MS.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        tracing::warn!(
+            shard,
+            suppressed,
+            "the dedup cache budget is full: partitions are suppressed and probed in full (raise STILE_DEDUP_CACHE_MB to cache them)"
+        );
     }
 }
 
