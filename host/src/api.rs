@@ -254,7 +254,7 @@ mod tests {
 
     #[test]
     fn too_many_items_is_413() {
-        let items = vec![r#"{"queue":"q"}"#; 11].join(",");
+        let items = [r#"{"queue":"q"}"#; 11].join(",");
         let error = push(&format!(r#"{{"items":[{items}]}}"#)).unwrap_err();
         assert_eq!(error.status, 413);
     }

@@ -93,10 +93,10 @@ impl Gateway {
     /// Answers the metadata with the instant it was read from PostgreSQL.
     async fn partition(&self, queue: &str, partition: &str) -> Result<(PartitionMeta, Instant), PushFailure> {
         let key = (queue.to_owned(), partition.to_owned());
-        if let Some((meta, at)) = self.metadata.lock().expect("not poisoned").get(&key) {
-            if at.elapsed() < METADATA_TTL {
-                return Ok((meta.clone(), *at));
-            }
+        if let Some((meta, at)) = self.metadata.lock().expect("not poisoned").get(&key)
+            && at.elapsed() < METADATA_TTL
+        {
+            return Ok((*meta, *at));
         }
         let meta = self.db.resolve_partition(queue, partition).await.map_err(|error| {
             if error.is_unavailable() {
@@ -110,7 +110,7 @@ impl Gateway {
             memo.clear();
         }
         let read_at = Instant::now();
-        memo.insert(key, (meta.clone(), read_at));
+        memo.insert(key, (meta, read_at));
         Ok((meta, read_at))
     }
 
