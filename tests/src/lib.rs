@@ -1,2 +1,4 @@
 //! Shared harness of stile's integration tests: fresh PostgreSQL databases,
 //! the built component, and gateway processes.
+
+pub mod pg;

@@ -1,0 +1,641 @@
+-- stile schema, version 2: the functions the gateway calls.
+--
+-- Every function that writes takes partition row locks with SELECT ... FOR
+-- UPDATE, several only in ascending id order: the one global lock order.
+
+------------------------------------------------------------------------------
+-- Queues and partitions
+------------------------------------------------------------------------------
+
+-- Returns a partition's id, its queue's dedup window, its allocator and its
+-- purge watermark, creating the queue (from defaults) and the partition on
+-- first use. Race-safe: INSERT ... ON CONFLICT DO NOTHING waits for a
+-- concurrent creator, and the SELECT after it (a new snapshot) sees its row.
+CREATE FUNCTION stile.resolve_partition(
+    p_queue text,
+    p_partition text,
+    OUT partition_id bigint,
+    OUT window_seconds integer,
+    OUT last_offset bigint,
+    OUT txns_start bigint
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    SELECT p.id, q.dedup_window_seconds, p.last_offset, p.txns_start
+      INTO partition_id, window_seconds, last_offset, txns_start
+      FROM stile.partitions p
+      JOIN stile.queues q ON q.name = p.queue
+     WHERE p.queue = p_queue AND p.name = p_partition;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    IF p_partition IS NULL OR p_partition = '' OR octet_length(p_partition) > 255
+       OR p_partition ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'partition: a partition name is 1 to 255 bytes without control characters'
+            USING ERRCODE = 'check_violation', COLUMN = 'partition';
+    END IF;
+    INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
+    INSERT INTO stile.partitions (queue, name) VALUES (p_queue, p_partition) ON CONFLICT DO NOTHING;
+    SELECT p.id, q.dedup_window_seconds, p.last_offset, p.txns_start
+      INTO STRICT partition_id, window_seconds, last_offset, txns_start
+      FROM stile.partitions p
+      JOIN stile.queues q ON q.name = p.queue
+     WHERE p.queue = p_queue AND p.name = p_partition;
+END
+$$;
+
+------------------------------------------------------------------------------
+-- The push
+------------------------------------------------------------------------------
+
+-- Pushes a bundle of segments, for one or several partitions, in one
+-- transaction. Segment i (1-based in the arrays, reported 0-based as `seg`):
+--   p_partition_ids[i]    its partition
+--   p_verified[i]         the offset at or below which the gateway's cache
+--                         vouches that none of its hashes occurs (-1: none)
+--   p_planned_windows[i]  the dedup window (s) the cache planned under
+--   p_counts[i]           its number of messages (>= 1)
+--   p_hashes[i]           its messages' 16-byte hashes, concatenated
+-- and, flat over all segments in order, one element per message,
+-- p_message_ids, p_transaction_ids and p_payloads.
+--
+-- All partition rows are locked first, in ascending id order. Then, segment by
+-- segment in order: the probe runs (under the lock, before allocation) over
+-- txns rows inside the window with end_offset above
+-- GREATEST(p_verified, txns_start - 1) when that span is not empty. A segment
+-- with duplicates writes nothing and returns, per duplicate, its index in the
+-- segment, the original's offset (MIN over all occurrences) and the
+-- original's message id (NULL only if retention removed that segment). Any
+-- other segment allocates last_offset + 1 .. last_offset + count and writes
+-- its segments and txns rows (txns even with the window at 0).
+--
+-- Exactness rules beyond the plain probe:
+--   * a window larger than the one the cache planned under voids p_verified
+--     (a cache that expired under a shorter window cannot vouch for a longer);
+--   * p_verified is clamped to the partition's last_offset at lock time: the
+--     cache vouched for offsets that existed when it planned, so a later
+--     segment of the same partition in the same bundle is always probed
+--     against the earlier segments' rows.
+--
+-- probe: 'off' (window 0), 'skipped' (nothing above the bound), 'narrowed'
+-- (bound set by p_verified) or 'full' (bound set by txns_start or -1).
+CREATE FUNCTION stile.push(
+    p_partition_ids bigint[],
+    p_verified bigint[],
+    p_planned_windows integer[],
+    p_counts integer[],
+    p_hashes bytea[],
+    p_message_ids uuid[],
+    p_transaction_ids text[],
+    p_payloads json[]
+)
+RETURNS TABLE (
+    seg integer,
+    base_offset bigint,
+    created_ms bigint,
+    window_seconds integer,
+    probe text,
+    dup_idx integer[],
+    dup_off bigint[],
+    dup_ids uuid[]
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_n integer := coalesce(cardinality(p_partition_ids), 0);
+    v_total integer := 0;
+    -- The bundle's partitions, ascending, as locked: their allocator (kept
+    -- current through the bundle), allocator at lock time, purge watermark
+    -- and window (read once, under the lock: nothing changes them until
+    -- COMMIT but this function; a configure committed meanwhile applies to
+    -- the next bundle).
+    v_ids bigint[];
+    v_last bigint[];
+    v_locked bigint[];
+    v_start bigint[];
+    v_windows integer[];
+    k integer;
+    v_l bigint;
+    v_s bigint;
+    v_pid bigint;
+    v_count integer;
+    v_hashes bytea;
+    v_window integer;
+    v_pv bigint;
+    v_from bigint;
+    v_now timestamptz;
+    v_msg integer := 1;  -- first message of the current segment in the flat arrays
+    v_idx integer[];
+    v_off bigint[];
+    v_mid uuid[];
+    v_probe text;
+    v_h1 bytea;
+    v_h2 bytea;
+    v_h3 bytea;
+    v_h4 bytea;
+BEGIN
+    IF coalesce(cardinality(p_verified), 0) <> v_n
+       OR coalesce(cardinality(p_planned_windows), 0) <> v_n
+       OR coalesce(cardinality(p_counts), 0) <> v_n
+       OR coalesce(cardinality(p_hashes), 0) <> v_n THEN
+        RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN 1 .. v_n LOOP
+        v_count := p_counts[i];
+        IF v_count IS NULL OR v_count < 1 OR length(p_hashes[i]) IS DISTINCT FROM 16 * v_count THEN
+            RAISE EXCEPTION 'stile.push: segment % has % messages and % hash bytes',
+                i - 1, v_count, length(p_hashes[i])
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_total := v_total + v_count;
+    END LOOP;
+    IF coalesce(cardinality(p_message_ids), 0) <> v_total
+       OR coalesce(cardinality(p_transaction_ids), 0) <> v_total
+       OR coalesce(cardinality(p_payloads), 0) <> v_total THEN
+        RAISE EXCEPTION 'stile.push: % messages counted, % message ids, % transaction ids and % payloads given',
+            v_total, coalesce(cardinality(p_message_ids), 0), coalesce(cardinality(p_transaction_ids), 0),
+            coalesce(cardinality(p_payloads), 0)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The bundle pre-lock, in ascending id order, before anything else. One
+    -- statement per partition, with a scalar parameter: PL/pgSQL keeps a
+    -- generic plan for it (a single statement over the array would be
+    -- planned afresh on every call).
+    IF v_n = 1 THEN
+        v_ids := p_partition_ids;
+    ELSE
+        SELECT array_agg(DISTINCT x ORDER BY x) INTO v_ids FROM unnest(p_partition_ids) AS x;
+    END IF;
+    v_last := array_fill(NULL::bigint, ARRAY[cardinality(v_ids)]);
+    v_start := v_last;
+    v_windows := array_fill(NULL::integer, ARRAY[cardinality(v_ids)]);
+    FOR j IN 1 .. cardinality(v_ids) LOOP
+        v_pid := v_ids[j];
+        SELECT p.last_offset, p.txns_start,
+               (SELECT q.dedup_window_seconds FROM stile.queues q WHERE q.name = p.queue)
+          INTO v_l, v_s, v_window
+          FROM stile.partitions p
+         WHERE p.id = v_pid
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'stile.push: unknown partition id %', v_pid
+                USING ERRCODE = 'foreign_key_violation';
+        END IF;
+        v_last[j] := v_l;
+        v_start[j] := v_s;
+        v_windows[j] := v_window;
+    END LOOP;
+    v_locked := v_last;
+
+    FOR i IN 1 .. v_n LOOP
+        v_pid := p_partition_ids[i];
+        k := array_position(v_ids, v_pid);
+        v_count := p_counts[i];
+        v_hashes := p_hashes[i];
+        v_window := v_windows[k];
+        v_now := clock_timestamp();
+        v_idx := NULL;
+
+        IF v_window = 0 THEN
+            v_probe := 'off';
+        ELSE
+            v_pv := greatest(coalesce(p_verified[i], -1), -1);
+            IF v_window > coalesce(p_planned_windows[i], 0) THEN
+                -- The cache planned under a shorter window: it may have
+                -- expired hashes the current window still holds.
+                v_pv := -1;
+            END IF;
+            -- The cache vouched for offsets that existed when it planned: a
+            -- later segment of this bundle is probed against earlier ones.
+            v_pv := least(v_pv, v_locked[k]);
+            v_from := greatest(v_pv, v_start[k] - 1);
+            IF v_last[k] <= v_from THEN
+                v_probe := 'skipped';
+            ELSE
+                v_probe := CASE WHEN v_pv >= v_start[k] THEN 'narrowed' ELSE 'full' END;
+                IF v_count <= 4 THEN
+                    v_h1 := substring(v_hashes FROM 1 FOR 16);
+                    v_h2 := CASE WHEN v_count >= 2 THEN substring(v_hashes FROM 17 FOR 16) ELSE v_h1 END;
+                    v_h3 := CASE WHEN v_count >= 3 THEN substring(v_hashes FROM 33 FOR 16) ELSE v_h1 END;
+                    v_h4 := CASE WHEN v_count >= 4 THEN substring(v_hashes FROM 49 FOR 16) ELSE v_h1 END;
+                END IF;
+                SELECT array_agg(d.idx ORDER BY d.idx),
+                       array_agg(d.off ORDER BY d.idx),
+                       array_agg(o.mid ORDER BY d.idx)
+                  INTO v_idx, v_off, v_mid
+                  FROM (SELECT ih.idx, min(t.base_offset + th.idx) AS off
+                          FROM (SELECT t0.base_offset,
+                                       -- detoast once per row, not once per hash
+                                       t0.hashes || '\x'::bytea AS hashes
+                                  FROM stile.txns t0
+                                 WHERE t0.partition_id = v_pid
+                                   AND t0.end_offset > v_from
+                                   AND t0.created_at >= v_now - make_interval(secs => v_window)
+                                   -- Up to 4 hashes: a byte search per row costs far
+                                   -- less than unnesting the row. It only preselects
+                                   -- rows; the aligned comparison below decides.
+                                   AND (v_count > 4
+                                        OR position(v_h1 IN t0.hashes) > 0
+                                        OR position(v_h2 IN t0.hashes) > 0
+                                        OR position(v_h3 IN t0.hashes) > 0
+                                        OR position(v_h4 IN t0.hashes) > 0)
+                                OFFSET 0) AS t
+                         CROSS JOIN LATERAL stile.unnest_hashes(t.hashes) AS th
+                          JOIN stile.unnest_hashes(v_hashes) AS ih ON ih.h = th.h
+                         GROUP BY ih.idx) AS d
+                  LEFT JOIN LATERAL (
+                        SELECT s.message_ids[(d.off - s.base_offset + 1)::integer] AS mid
+                          FROM stile.segments s
+                         WHERE s.partition_id = v_pid AND s.base_offset <= d.off
+                         ORDER BY s.base_offset DESC
+                         LIMIT 1) AS o ON true;
+            END IF;
+        END IF;
+
+        seg := i - 1;
+        window_seconds := v_window;
+        probe := v_probe;
+        IF v_idx IS NOT NULL THEN
+            -- A duplicate: nothing of the segment is written.
+            base_offset := NULL;
+            created_ms := NULL;
+            dup_idx := v_idx;
+            dup_off := v_off;
+            dup_ids := v_mid;
+        ELSE
+            base_offset := v_last[k] + 1;
+            v_last[k] := v_last[k] + v_count;
+            -- One statement with scalar parameters only: PL/pgSQL settles on
+            -- a generic plan for it, so nothing is planned per call.
+            WITH allocate AS (
+                UPDATE stile.partitions SET last_offset = v_last[k] WHERE id = v_pid
+            ), segment AS (
+                INSERT INTO stile.segments
+                       (partition_id, base_offset, end_offset, created_at, message_ids, transaction_ids, payloads)
+                VALUES (v_pid, base_offset, v_last[k], v_now,
+                        p_message_ids[v_msg : v_msg + v_count - 1],
+                        p_transaction_ids[v_msg : v_msg + v_count - 1],
+                        p_payloads[v_msg : v_msg + v_count - 1])
+            )
+            INSERT INTO stile.txns (partition_id, base_offset, end_offset, created_at, hashes)
+            VALUES (v_pid, base_offset, v_last[k], v_now, v_hashes);
+            -- Rounded up: a cache that expires hashes by this time never
+            -- expires one before SQL would.
+            created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
+            dup_idx := NULL;
+            dup_off := NULL;
+            dup_ids := NULL;
+        END IF;
+        RETURN NEXT;
+        v_msg := v_msg + v_count;
+    END LOOP;
+END
+$$;
+
+------------------------------------------------------------------------------
+-- Configure
+------------------------------------------------------------------------------
+
+-- The options a queue is created with, camelCase as Queen's clients send
+-- them: stile's two (dedupWindowSeconds, retentionSeconds) and Queen's.
+CREATE FUNCTION stile.option_defaults()
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT '{"dedupWindowSeconds": 3600, "retentionSeconds": 0, "leaseTime": 300,
+             "retryLimit": 3, "priority": 0, "delayedProcessing": 0, "windowBuffer": 0,
+             "maxSize": 10000, "completedRetentionSeconds": 0, "encryptionEnabled": false,
+             "namespace": null, "task": null}'::jsonb
+$$;
+
+-- A queue row's stored options, as stile.configure returns them.
+CREATE FUNCTION stile.queue_options(q stile.queues)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT jsonb_build_object(
+        'dedupWindowSeconds', q.dedup_window_seconds,
+        'retentionSeconds', q.retention_seconds,
+        'leaseTime', q.lease_time,
+        'retryLimit', q.retry_limit,
+        'priority', q.priority,
+        'delayedProcessing', q.delayed_processing,
+        'windowBuffer', q.window_buffer,
+        'maxSize', q.max_size,
+        'completedRetentionSeconds', q.completed_retention_seconds,
+        'encryptionEnabled', q.encryption_enabled,
+        'namespace', q.namespace,
+        'task', q.task)
+$$;
+
+-- Checks one option and returns the value to store: the key's default for a
+-- JSON null, integers normalised (5.0 -> 5). Refuses, naming the key in the
+-- message and in the error's COLUMN field, an unknown key or a bad value.
+CREATE FUNCTION stile.check_option(p_key text, p_value jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_defaults jsonb := stile.option_defaults();
+    v_type text := jsonb_typeof(p_value);
+    v_num numeric;
+BEGIN
+    IF NOT v_defaults ? p_key THEN
+        RAISE EXCEPTION '%: unknown option (known: %)', p_key,
+                (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(v_defaults) AS k)
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+    END IF;
+    IF p_value IS NULL OR v_type = 'null' THEN
+        RETURN v_defaults -> p_key;
+    END IF;
+    IF p_key = 'encryptionEnabled' THEN
+        IF v_type <> 'boolean' THEN
+            RAISE EXCEPTION '%: must be a boolean, got %', p_key, p_value
+                USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+        END IF;
+        RETURN p_value;
+    END IF;
+    IF p_key IN ('namespace', 'task') THEN
+        IF v_type <> 'string' THEN
+            RAISE EXCEPTION '%: must be a string or null, got %', p_key, p_value
+                USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+        END IF;
+        RETURN p_value;
+    END IF;
+    -- Every other option is a whole number of seconds or a count.
+    IF v_type <> 'number' THEN
+        RAISE EXCEPTION '%: must be an integer, got %', p_key, p_value
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+    END IF;
+    v_num := p_value::numeric;
+    IF v_num <> trunc(v_num) OR v_num > 2147483647 OR v_num < -2147483648 THEN
+        RAISE EXCEPTION '%: must be an integer between -2147483648 and 2147483647, got %', p_key, p_value
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+    END IF;
+    IF v_num < 0 AND p_key <> 'priority' THEN
+        RAISE EXCEPTION '%: must not be negative, got %', p_key, p_value
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+    END IF;
+    RETURN to_jsonb(v_num::integer);
+END
+$$;
+
+-- Configures a queue and returns its stored options. A new queue starts from
+-- the defaults. Merge (p_replace false) leaves omitted keys alone; replace
+-- resets every omitted key to its default; in both, an explicit JSON null
+-- restores that key's default. Every key is checked before anything is
+-- written, and one bad key refuses the whole call.
+CREATE FUNCTION stile.configure(p_queue text, p_options jsonb, p_replace boolean DEFAULT false)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_given jsonb := '{}';
+    v_key text;
+    v_value jsonb;
+    v_row stile.queues;
+    v_new jsonb;
+BEGIN
+    IF p_options IS NOT NULL AND jsonb_typeof(p_options) <> 'object' THEN
+        RAISE EXCEPTION 'options: must be a JSON object, got %', jsonb_typeof(p_options)
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'options';
+    END IF;
+    FOR v_key, v_value IN SELECT e.key, e.value FROM jsonb_each(coalesce(p_options, '{}')) AS e LOOP
+        v_given := v_given || jsonb_build_object(v_key, stile.check_option(v_key, v_value));
+    END LOOP;
+
+    INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
+    SELECT * INTO STRICT v_row FROM stile.queues WHERE name = p_queue FOR NO KEY UPDATE;
+    IF coalesce(p_replace, false) THEN
+        v_new := stile.option_defaults() || v_given;
+    ELSE
+        v_new := stile.queue_options(v_row) || v_given;
+    END IF;
+    UPDATE stile.queues
+       SET dedup_window_seconds = (v_new ->> 'dedupWindowSeconds')::integer,
+           retention_seconds = (v_new ->> 'retentionSeconds')::integer,
+           lease_time = (v_new ->> 'leaseTime')::integer,
+           retry_limit = (v_new ->> 'retryLimit')::integer,
+           priority = (v_new ->> 'priority')::integer,
+           delayed_processing = (v_new ->> 'delayedProcessing')::integer,
+           window_buffer = (v_new ->> 'windowBuffer')::integer,
+           max_size = (v_new ->> 'maxSize')::integer,
+           completed_retention_seconds = (v_new ->> 'completedRetentionSeconds')::integer,
+           encryption_enabled = (v_new ->> 'encryptionEnabled')::boolean,
+           namespace = v_new ->> 'namespace',
+           task = v_new ->> 'task',
+           updated_at = now()
+     WHERE name = p_queue
+    RETURNING stile.queue_options(queues.*) INTO v_new;
+    RETURN v_new;
+END
+$$;
+
+------------------------------------------------------------------------------
+-- Reads
+------------------------------------------------------------------------------
+
+-- Messages of a partition from an offset on, in offset order, at most p_limit.
+-- created_ms is the segment's created_at in ms since the epoch, rounded up
+-- (the same value stile.push returned for it).
+CREATE FUNCTION stile.read_messages(p_queue text, p_partition text, p_from bigint, p_limit integer)
+RETURNS TABLE (
+    "offset" bigint,
+    message_id uuid,
+    transaction_id text,
+    payload json,
+    created_ms bigint
+)
+LANGUAGE sql STABLE
+AS $$
+    WITH part AS (
+        SELECT p.id FROM stile.partitions p WHERE p.queue = p_queue AND p.name = p_partition
+    ), start AS (
+        -- the segment holding p_from, or the first one after it
+        SELECT part.id,
+               coalesce((SELECT max(s.base_offset) FROM stile.segments s
+                          WHERE s.partition_id = part.id AND s.base_offset <= p_from),
+                        p_from) AS base
+          FROM part
+    )
+    SELECT s.base_offset + m.i - 1, m.id, m.txn, m.payload,
+           ceil(extract(epoch FROM s.created_at) * 1000)::bigint
+      FROM start
+      JOIN stile.segments s ON s.partition_id = start.id AND s.base_offset >= start.base
+     CROSS JOIN LATERAL ROWS FROM (unnest(s.message_ids),
+                                  unnest(s.transaction_ids),
+                                  unnest(s.payloads))
+                  WITH ORDINALITY AS m(id, txn, payload, i)
+     WHERE s.base_offset + m.i - 1 >= p_from
+     ORDER BY s.base_offset, m.i
+     LIMIT greatest(p_limit, 0)
+$$;
+
+-- The newest stored message of a partition whose transactionId is p_txn.
+-- p_hash is its 16-byte hash: txns rows are searched newest first for it,
+-- and the stored transactionId is compared to rule out a hash collision.
+CREATE FUNCTION stile.message_by_transaction_id(p_queue text, p_partition text, p_hash bytea, p_txn text)
+RETURNS TABLE (
+    "offset" bigint,
+    message_id uuid,
+    transaction_id text,
+    payload json,
+    created_ms bigint
+)
+LANGUAGE plpgsql STABLE
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_pid bigint;
+    v_base bigint;
+    v_hashes bytea;
+    v_idx integer;
+    v_off bigint;
+BEGIN
+    SELECT p.id INTO v_pid FROM stile.partitions p WHERE p.queue = p_queue AND p.name = p_partition;
+    IF NOT FOUND OR length(p_hash) <> 16 THEN
+        RETURN;
+    END IF;
+    FOR v_base, v_hashes IN
+        SELECT t.base_offset, t.hashes FROM stile.txns t
+         WHERE t.partition_id = v_pid
+           AND position(p_hash IN t.hashes) > 0  -- preselects; the aligned match below decides
+         ORDER BY t.base_offset DESC
+    LOOP
+        FOR v_idx IN
+            SELECT u.idx FROM stile.unnest_hashes(v_hashes) AS u WHERE u.h = p_hash ORDER BY u.idx DESC
+        LOOP
+            v_off := v_base + v_idx;
+            RETURN QUERY
+                SELECT v_off, s.message_ids[k], s.transaction_ids[k], s.payloads[k],
+                       ceil(extract(epoch FROM s.created_at) * 1000)::bigint
+                  FROM (SELECT * FROM stile.segments s0
+                         WHERE s0.partition_id = v_pid AND s0.base_offset <= v_off
+                         ORDER BY s0.base_offset DESC
+                         LIMIT 1) AS s
+                 CROSS JOIN LATERAL (SELECT (v_off - s.base_offset + 1)::integer AS k) AS kk
+                 WHERE s.end_offset >= v_off AND s.transaction_ids[k] = p_txn;
+            IF FOUND THEN
+                RETURN;
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
+------------------------------------------------------------------------------
+-- Hydration
+------------------------------------------------------------------------------
+
+-- A partition's allocator and purge watermark with its txns rows created in
+-- the last p_window_seconds + 5 s (slack on the safe side: extra old rows
+-- only widen the cache's coverage), in one statement and so one snapshot.
+-- An empty window yields one row whose txns columns are NULL; an unknown
+-- partition yields no row. created_ms is rounded up, like stile.push's.
+CREATE FUNCTION stile.hydration(p_partition_id bigint, p_window_seconds integer)
+RETURNS TABLE (
+    last_offset bigint,
+    txns_start bigint,
+    base_offset bigint,
+    end_offset bigint,
+    created_ms bigint,
+    hashes bytea
+)
+LANGUAGE sql STABLE
+AS $$
+    SELECT p.last_offset, p.txns_start, t.base_offset, t.end_offset,
+           ceil(extract(epoch FROM t.created_at) * 1000)::bigint, t.hashes
+      FROM stile.partitions p
+      LEFT JOIN stile.txns t
+        ON t.partition_id = p.id
+       AND t.created_at >= clock_timestamp() - make_interval(secs => greatest(p_window_seconds, 0) + 5)
+     WHERE p.id = p_partition_id
+     ORDER BY t.base_offset
+$$;
+
+------------------------------------------------------------------------------
+-- Retention
+------------------------------------------------------------------------------
+
+-- Partitions whose queue has a retention, in id order.
+CREATE FUNCTION stile.purge_candidates()
+RETURNS SETOF bigint
+LANGUAGE sql STABLE
+AS $$
+    SELECT p.id FROM stile.partitions p JOIN stile.queues q ON q.name = p.queue
+     WHERE q.retention_seconds > 0
+     ORDER BY p.id
+$$;
+
+-- Applies its queue's retention to one partition, under its row lock.
+--   retention_seconds = 0: keeps everything (txns too: lookup by
+--     transactionId resolves through them, for as long as the messages live).
+--   retention_seconds > 0: deletes the segments older than the retention, and
+--     the txns rows older than max(retention, window) -- never a row inside
+--     the window -- then raises txns_start past them.
+-- Both deletions remove a prefix in offset order (everything below the first
+-- row still to keep), so txns_start stays exact even if the clock stepped.
+CREATE FUNCTION stile.purge_partition(
+    p_partition_id bigint,
+    OUT segments_deleted bigint,
+    OUT txns_deleted bigint,
+    OUT txns_start bigint
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_last bigint;
+    v_start bigint;
+    v_retention integer;
+    v_window integer;
+    v_now timestamptz;
+    v_keep bigint;
+BEGIN
+    segments_deleted := 0;
+    txns_deleted := 0;
+    SELECT p.last_offset, p.txns_start, q.retention_seconds, q.dedup_window_seconds
+      INTO v_last, v_start, v_retention, v_window
+      FROM stile.partitions p
+      JOIN stile.queues q ON q.name = p.queue
+     WHERE p.id = p_partition_id
+       FOR UPDATE OF p;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    txns_start := v_start;
+    IF v_retention = 0 THEN
+        RETURN;
+    END IF;
+    v_now := clock_timestamp();
+
+    SELECT s.base_offset INTO v_keep
+      FROM stile.segments s
+     WHERE s.partition_id = p_partition_id
+       AND s.created_at >= v_now - make_interval(secs => v_retention)
+     ORDER BY s.base_offset
+     LIMIT 1;
+    DELETE FROM stile.segments s
+     WHERE s.partition_id = p_partition_id AND s.base_offset < coalesce(v_keep, v_last + 1);
+    GET DIAGNOSTICS segments_deleted = ROW_COUNT;
+
+    SELECT t.base_offset INTO v_keep
+      FROM stile.txns t
+     WHERE t.partition_id = p_partition_id
+       AND t.created_at >= v_now - make_interval(secs => greatest(v_retention, v_window))
+     ORDER BY t.base_offset
+     LIMIT 1;
+    v_keep := coalesce(v_keep, v_last + 1);
+    IF v_keep > v_start THEN
+        DELETE FROM stile.txns t WHERE t.partition_id = p_partition_id AND t.base_offset < v_keep;
+        GET DIAGNOSTICS txns_deleted = ROW_COUNT;
+        UPDATE stile.partitions SET txns_start = v_keep WHERE id = p_partition_id;
+        txns_start := v_keep;
+    END IF;
+END
+$$;

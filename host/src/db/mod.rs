@@ -1,0 +1,550 @@
+//! The PostgreSQL half of stile: schema migrations, the push function and the
+//! reads, hydration, configure and retention calls around it.
+//!
+//! Every verdict is computed by `stile.push` in PostgreSQL, under the
+//! partition row lock, before an offset is allocated (see `host/sql/`). This
+//! module only moves arrays in and typed results out, one round trip per
+//! call.
+
+mod error;
+mod migrate;
+mod url;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use serde_json::Value;
+use tokio_postgres::types::Json;
+use uuid::Uuid;
+
+pub use error::{ConfigureError, DbError};
+pub use migrate::{MIGRATIONS, Migration};
+pub use url::{config_to_url, pg_config};
+
+/// A pool of connections to the database stile keeps its logs in. Cheap to
+/// clone; all clones share the pool.
+#[derive(Clone)]
+pub struct Db {
+    pool: Pool,
+    config: tokio_postgres::Config,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db").field("url", &self.redacted_url()).field("pool", &self.pool.status()).finish()
+    }
+}
+
+/// A partition as the gateway memoises it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionMeta {
+    /// `stile.partitions.id`.
+    pub id: i64,
+    /// The queue's dedup window in seconds (0: deduplication off).
+    pub window_seconds: i32,
+    /// The allocator: the last offset handed out, -1 while empty.
+    pub last_offset: i64,
+    /// The purge watermark: offsets below it have no txns row any more.
+    pub txns_start: i64,
+}
+
+/// One segment of a bundle: consecutive messages of one partition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SegmentPush {
+    /// The partition (from [`Db::resolve_partition`]).
+    pub partition_id: i64,
+    /// The offset at or below which the cache vouches that none of the
+    /// segment's hashes occurs; -1 when it cannot vouch.
+    pub p_verified: i64,
+    /// The window (seconds) the cache planned under. If the queue's window is
+    /// now larger, `p_verified` is ignored and the whole window is probed.
+    pub planned_window_seconds: i32,
+    /// The messages' [`txn_hash`](crate::hash::txn_hash)es, 16 bytes each,
+    /// concatenated in message order.
+    pub hashes: Vec<u8>,
+    /// The messages' ids (UUIDv7, minted by the gateway).
+    pub message_ids: Vec<Uuid>,
+    /// The messages' transactionIds.
+    pub transaction_ids: Vec<String>,
+    /// The messages' payloads, stored as `json` (validated, otherwise as
+    /// serialised here).
+    pub payloads: Vec<Value>,
+}
+
+impl SegmentPush {
+    /// The number of messages.
+    pub fn len(&self) -> usize {
+        self.message_ids.len()
+    }
+
+    /// True for a segment without messages (refused by [`Db::push_bundle`]).
+    pub fn is_empty(&self) -> bool {
+        self.message_ids.is_empty()
+    }
+}
+
+/// How much of the window the push function compared a segment against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProbeMode {
+    /// The cache's `p_verified` covered every stored offset: no probe.
+    Skipped,
+    /// Probed only above `p_verified`.
+    Narrowed,
+    /// Probed the whole window (above the purge watermark).
+    Full,
+    /// The window is 0: no probe (txns were still written).
+    Off,
+}
+
+impl ProbeMode {
+    /// The name `stile.push` returns, and a metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeMode::Skipped => "skipped",
+            ProbeMode::Narrowed => "narrowed",
+            ProbeMode::Full => "full",
+            ProbeMode::Off => "off",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, DbError> {
+        Ok(match s {
+            "skipped" => ProbeMode::Skipped,
+            "narrowed" => ProbeMode::Narrowed,
+            "full" => ProbeMode::Full,
+            "off" => ProbeMode::Off,
+            other => return Err(DbError::Protocol(format!("unknown probe mode {other:?}"))),
+        })
+    }
+}
+
+/// The original of a duplicate message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Duplicate {
+    /// The duplicate's index in its segment.
+    pub index: u32,
+    /// The original's offset: the first occurrence inside the window.
+    pub offset: i64,
+    /// The original's message id. The nil UUID only when retention already
+    /// removed the original's segment (a retention shorter than the window
+    /// keeps the hashes for the window but not the messages).
+    pub message_id: Uuid,
+}
+
+/// What became of one segment of a bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SegmentOutcome {
+    /// Stored at `base_offset ..= base_offset + len - 1`.
+    Committed {
+        /// The first message's offset.
+        base_offset: i64,
+        /// The segment's `created_at` (database clock) in ms since the epoch,
+        /// rounded up.
+        created_ms: i64,
+        /// The window in force, in seconds.
+        window_seconds: i32,
+        /// What the probe did.
+        probe: ProbeMode,
+    },
+    /// At least one message is already stored: nothing of the segment was
+    /// written (no offsets allocated, no rows).
+    Duplicates {
+        /// The window in force, in seconds.
+        window_seconds: i32,
+        /// What the probe did (never `Skipped` or `Off`).
+        probe: ProbeMode,
+        /// The duplicates, by ascending index.
+        duplicates: Vec<Duplicate>,
+    },
+}
+
+impl SegmentOutcome {
+    /// The window in force when the segment was decided.
+    pub fn window_seconds(&self) -> i32 {
+        match self {
+            SegmentOutcome::Committed { window_seconds, .. } | SegmentOutcome::Duplicates { window_seconds, .. } => {
+                *window_seconds
+            }
+        }
+    }
+
+    /// What the probe did.
+    pub fn probe(&self) -> ProbeMode {
+        match self {
+            SegmentOutcome::Committed { probe, .. } | SegmentOutcome::Duplicates { probe, .. } => *probe,
+        }
+    }
+}
+
+/// How [`Db::configure`] treats the options a call leaves out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConfigureMode {
+    /// Omitted options keep their stored values.
+    #[default]
+    Merge,
+    /// Omitted options are reset to their defaults.
+    Replace,
+}
+
+/// A stored message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredMessage {
+    /// Its offset in the partition.
+    pub offset: i64,
+    /// Its message id.
+    pub message_id: Uuid,
+    /// Its transactionId.
+    pub transaction_id: String,
+    /// Its payload, as sent.
+    pub payload: Value,
+    /// When its segment was committed (database clock), in ms since the
+    /// epoch, rounded up like the `created_ms` of a committed segment.
+    pub created_ms: i64,
+}
+
+/// One txns row, as hydration returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnsRow {
+    /// Offset of its first hash.
+    pub base_offset: i64,
+    /// Offset of its last hash (inclusive).
+    pub end_offset: i64,
+    /// Its `created_at` in ms since the epoch, rounded up.
+    pub created_ms: i64,
+    /// 16 bytes per offset, in offset order.
+    pub hashes: Vec<u8>,
+}
+
+/// A partition's recent txns rows and its watermarks, read in one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HydrationRows {
+    /// The allocator at the snapshot: every row at or below it is in `rows`
+    /// if it was created inside the requested window (+5 s).
+    pub last_offset: i64,
+    /// The purge watermark at the snapshot.
+    pub txns_start: i64,
+    /// The rows, by ascending `base_offset`.
+    pub rows: Vec<TxnsRow>,
+}
+
+/// What one [`Db::purge`] pass removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeReport {
+    /// Partitions visited (those whose queue has a retention).
+    pub partitions: u64,
+    /// Segment rows deleted.
+    pub segments_deleted: u64,
+    /// Txns rows deleted.
+    pub txns_deleted: u64,
+}
+
+const PUSH_SQL: &str = "SELECT seg, base_offset, created_ms, window_seconds, probe, dup_idx, dup_off, dup_ids \
+     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8)";
+
+impl Db {
+    /// Opens a pool of at most `pool_size` connections to `url` (libpq
+    /// keyword/value or URI form; empty: libpq's defaults and `PG*`
+    /// variables, see [`pg_config`]) and checks that one connection can be
+    /// made.
+    pub async fn connect(url: &str, pool_size: usize) -> Result<Db, DbError> {
+        let config = pg_config(url)?;
+        Db::from_config(config, pool_size).await
+    }
+
+    /// Like [`Db::connect`], from a parsed configuration used as is.
+    pub async fn from_config(config: tokio_postgres::Config, pool_size: usize) -> Result<Db, DbError> {
+        if pool_size == 0 {
+            return Err(DbError::Config("the pool size must be at least 1".into()));
+        }
+        let manager = Manager::from_config(
+            config.clone(),
+            tokio_postgres::NoTls,
+            ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .recycle_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| DbError::Config(e.to_string()))?;
+        drop(pool.get().await?);
+        Ok(Db { pool, config })
+    }
+
+    /// The connection string in use, keyword/value form, password hidden.
+    pub fn redacted_url(&self) -> String {
+        config_to_url(&self.config, false)
+    }
+
+    /// The underlying pool (for tests, tools and health checks).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// One round trip on a pooled connection (for health checks).
+    pub async fn ping(&self) -> Result<(), DbError> {
+        let client = self.pool.get().await?;
+        client.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    /// Applies the migrations in `host/sql/` that the database lacks, each in
+    /// its own transaction under a transaction-scoped advisory lock, so any
+    /// number of gateways may start against one database at once.
+    pub async fn migrate(&self) -> Result<(), DbError> {
+        let mut client = self.pool.get().await?;
+        migrate::run(&mut client).await
+    }
+
+    /// The schema version the database is at (0 before any migration).
+    pub async fn schema_version(&self) -> Result<i32, DbError> {
+        let client = self.pool.get().await?;
+        migrate::version(&client).await
+    }
+
+    /// Returns a partition's id, window and watermarks, creating its queue
+    /// (from defaults) and the partition on first use.
+    pub async fn resolve_partition(&self, queue: &str, partition: &str) -> Result<PartitionMeta, DbError> {
+        let client = self.pool.get().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT partition_id, window_seconds, last_offset, txns_start \
+                 FROM stile.resolve_partition($1, $2)",
+            )
+            .await?;
+        let row = client.query_one(&stmt, &[&queue, &partition]).await.map_err(|e| match e.as_db_error() {
+            // A queue or partition name the schema refuses.
+            Some(db) if *db.code() == tokio_postgres::error::SqlState::CHECK_VIOLATION => {
+                DbError::Invalid(db.message().to_string())
+            }
+            _ => DbError::from(e),
+        })?;
+        Ok(PartitionMeta {
+            id: row.try_get(0)?,
+            window_seconds: row.try_get(1)?,
+            last_offset: row.try_get(2)?,
+            txns_start: row.try_get(3)?,
+        })
+    }
+
+    /// Pushes a bundle of segments in one round trip and one transaction.
+    /// Returns one outcome per segment, in order. A segment with duplicates
+    /// writes nothing; the others commit whatever became of their neighbours.
+    pub async fn push_bundle(&self, segments: &[SegmentPush]) -> Result<Vec<SegmentOutcome>, DbError> {
+        if segments.is_empty() {
+            return Ok(Vec::new());
+        }
+        let total: usize = segments.iter().map(SegmentPush::len).sum();
+        let mut partition_ids = Vec::with_capacity(segments.len());
+        let mut verified = Vec::with_capacity(segments.len());
+        let mut planned = Vec::with_capacity(segments.len());
+        let mut counts = Vec::with_capacity(segments.len());
+        let mut hashes: Vec<&[u8]> = Vec::with_capacity(segments.len());
+        let mut payloads: Vec<&Value> = Vec::with_capacity(total);
+        let mut message_ids: Vec<Uuid> = Vec::with_capacity(total);
+        let mut transaction_ids: Vec<&str> = Vec::with_capacity(total);
+        for (i, s) in segments.iter().enumerate() {
+            let n = s.len();
+            if n == 0 || s.transaction_ids.len() != n || s.payloads.len() != n || s.hashes.len() != 16 * n {
+                return Err(DbError::Invalid(format!(
+                    "segment {i}: {} message ids, {} transaction ids, {} payloads, {} hash bytes",
+                    n,
+                    s.transaction_ids.len(),
+                    s.payloads.len(),
+                    s.hashes.len()
+                )));
+            }
+            let n = i32::try_from(n).map_err(|_| DbError::Invalid(format!("segment {i}: too many messages")))?;
+            partition_ids.push(s.partition_id);
+            verified.push(s.p_verified);
+            planned.push(s.planned_window_seconds);
+            counts.push(n);
+            hashes.push(&s.hashes);
+            payloads.extend(s.payloads.iter());
+            message_ids.extend_from_slice(&s.message_ids);
+            transaction_ids.extend(s.transaction_ids.iter().map(String::as_str));
+        }
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(PUSH_SQL).await?;
+        let rows = client
+            .query(&stmt, &[&partition_ids, &verified, &planned, &counts, &hashes, &message_ids, &transaction_ids, &payloads])
+            .await?;
+        drop(client);
+        if rows.len() != segments.len() {
+            return Err(DbError::Protocol(format!("stile.push returned {} rows for {} segments", rows.len(), segments.len())));
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            let seg: i32 = row.try_get(0)?;
+            if usize::try_from(seg).ok() != Some(i) {
+                return Err(DbError::Protocol(format!("row {i} is for segment {seg}")));
+            }
+            let base: Option<i64> = row.try_get(1)?;
+            let window_seconds: i32 = row.try_get(3)?;
+            let probe = ProbeMode::parse(row.try_get(4)?)?;
+            out.push(match base {
+                Some(base_offset) => {
+                    SegmentOutcome::Committed { base_offset, created_ms: row.try_get(2)?, window_seconds, probe }
+                }
+                None => {
+                    let idx: Vec<i32> = row.try_get(5)?;
+                    let off: Vec<i64> = row.try_get(6)?;
+                    let ids: Vec<Option<Uuid>> = row.try_get(7)?;
+                    if idx.len() != off.len() || idx.len() != ids.len() || idx.is_empty() {
+                        return Err(DbError::Protocol(format!("segment {i}: malformed duplicates")));
+                    }
+                    let duplicates = idx
+                        .into_iter()
+                        .zip(off)
+                        .zip(ids)
+                        .map(|((index, offset), message_id)| Duplicate {
+                            index: index as u32,
+                            offset,
+                            message_id: message_id.unwrap_or(Uuid::nil()),
+                        })
+                        .collect();
+                    SegmentOutcome::Duplicates { window_seconds, probe, duplicates }
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    /// Configures a queue (creating it from defaults if needed) and returns
+    /// its stored options, camelCase: `dedupWindowSeconds`,
+    /// `retentionSeconds` and Queen's `leaseTime`, `retryLimit`, `priority`,
+    /// `delayedProcessing`, `windowBuffer`, `maxSize`,
+    /// `completedRetentionSeconds`, `encryptionEnabled`, `namespace`, `task`.
+    /// An explicit `null` restores a key's default; [`ConfigureMode::Replace`]
+    /// resets every omitted key. An unknown key or a bad value is refused,
+    /// naming the key, and nothing is written.
+    pub async fn configure(
+        &self,
+        queue: &str,
+        options: &serde_json::Map<String, Value>,
+        mode: ConfigureMode,
+    ) -> Result<Value, ConfigureError> {
+        let client = self.pool.get().await.map_err(DbError::from)?;
+        let stmt = client.prepare_cached("SELECT stile.configure($1, $2, $3)").await.map_err(DbError::from)?;
+        let replace = mode == ConfigureMode::Replace;
+        let row = client.query_one(&stmt, &[&queue, &Json(options), &replace]).await.map_err(ConfigureError::from_pg)?;
+        let Json(v): Json<Value> = row.try_get(0).map_err(DbError::from)?;
+        Ok(v)
+    }
+
+    /// A queue's stored options, or `None` if the queue does not exist.
+    pub async fn queue_options(&self, queue: &str) -> Result<Option<Value>, DbError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached("SELECT stile.queue_options(q) FROM stile.queues q WHERE q.name = $1").await?;
+        Ok(match client.query_opt(&stmt, &[&queue]).await? {
+            Some(row) => Some(row.try_get::<_, Json<Value>>(0)?.0),
+            None => None,
+        })
+    }
+
+    /// Up to `limit` messages of a partition from `from_offset` on, in offset
+    /// order (none for an unknown partition).
+    pub async fn read_messages(
+        &self,
+        queue: &str,
+        partition: &str,
+        from_offset: i64,
+        limit: i64,
+    ) -> Result<Vec<StoredMessage>, DbError> {
+        let limit = i32::try_from(limit.max(0)).unwrap_or(i32::MAX);
+        let client = self.pool.get().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT \"offset\", message_id, transaction_id, payload, created_ms \
+                 FROM stile.read_messages($1, $2, $3, $4)",
+            )
+            .await?;
+        let rows = client.query(&stmt, &[&queue, &partition, &from_offset, &limit]).await?;
+        rows.iter().map(stored_message).collect()
+    }
+
+    /// The newest stored message of a partition with this transactionId
+    /// (`hash` is its [`txn_hash`](crate::hash::txn_hash)), found through the
+    /// txns rows and checked against the stored transactionId.
+    pub async fn message_by_transaction_id(
+        &self,
+        queue: &str,
+        partition: &str,
+        hash: [u8; 16],
+        transaction_id: &str,
+    ) -> Result<Option<StoredMessage>, DbError> {
+        let client = self.pool.get().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT \"offset\", message_id, transaction_id, payload, created_ms \
+                 FROM stile.message_by_transaction_id($1, $2, $3, $4)",
+            )
+            .await?;
+        let rows = client.query(&stmt, &[&queue, &partition, &&hash[..], &transaction_id]).await?;
+        rows.first().map(stored_message).transpose()
+    }
+
+    /// A partition's txns rows created in the last `window_seconds` + 5 s, with
+    /// its `last_offset` and `txns_start`, all in one snapshot.
+    pub async fn hydration(&self, partition_id: i64, window_seconds: i32) -> Result<HydrationRows, DbError> {
+        let client = self.pool.get().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT last_offset, txns_start, base_offset, end_offset, created_ms, hashes \
+                 FROM stile.hydration($1, $2)",
+            )
+            .await?;
+        let rows = client.query(&stmt, &[&partition_id, &window_seconds]).await?;
+        let Some(first) = rows.first() else {
+            return Err(DbError::NotFound(format!("partition {partition_id}")));
+        };
+        let mut out =
+            HydrationRows { last_offset: first.try_get(0)?, txns_start: first.try_get(1)?, rows: Vec::with_capacity(rows.len()) };
+        for row in &rows {
+            let Some(base_offset) = row.try_get::<_, Option<i64>>(2)? else {
+                continue;
+            };
+            out.rows.push(TxnsRow {
+                base_offset,
+                end_offset: row.try_get(3)?,
+                created_ms: row.try_get(4)?,
+                hashes: row.try_get(5)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Applies every queue's retention: for each partition of a queue with
+    /// `retentionSeconds` > 0, in its own short transaction under its row
+    /// lock, deletes the segments older than the retention and the txns rows
+    /// older than max(retention, window), raising `txns_start` past them. A
+    /// queue with retention 0 keeps everything.
+    pub async fn purge(&self) -> Result<PurgeReport, DbError> {
+        let client = self.pool.get().await?;
+        let ids: Vec<i64> =
+            client.query("SELECT stile.purge_candidates()", &[]).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+        let stmt = client.prepare_cached("SELECT segments_deleted, txns_deleted FROM stile.purge_partition($1)").await?;
+        let mut report = PurgeReport::default();
+        for id in ids {
+            let row = client.query_one(&stmt, &[&id]).await?;
+            report.partitions += 1;
+            report.segments_deleted += row.try_get::<_, i64>(0)? as u64;
+            report.txns_deleted += row.try_get::<_, i64>(1)? as u64;
+        }
+        Ok(report)
+    }
+}
+
+fn stored_message(row: &tokio_postgres::Row) -> Result<StoredMessage, DbError> {
+    let Json(payload): Json<Value> = row.try_get(3)?;
+    Ok(StoredMessage {
+        offset: row.try_get(0)?,
+        message_id: row.try_get(1)?,
+        transaction_id: row.try_get(2)?,
+        payload,
+        created_ms: row.try_get(4)?,
+    })
+}

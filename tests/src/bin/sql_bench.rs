@@ -1,0 +1,428 @@
+//! Throughput of `stile.push` (through `stile::db::Db::push_bundle`) against
+//! the plain alternative, at several segment sizes and window sizes.
+//!
+//! ```text
+//! cargo run --release -p stile-tests --bin sql_bench -- \
+//!     [--sizes 1,10,100] [--windows 0,100000,1000000] [--conns 4] \
+//!     [--secs 2] [--reps 3] [--sync off|on] [--modes forced,vouched,window0,plain]
+//! ```
+//!
+//! For every window size W it makes a fresh set of `conns` partitions whose
+//! window holds W hashes (prefilled as txns rows of 4,096 hashes), and a
+//! plain table whose unique index holds W keys per partition. Then, for every
+//! segment size and repetition, each mode runs for `secs` seconds with one
+//! connection per partition, every push one bundle of one segment:
+//!
+//! * forced:  `p_verified = -1`, the full-window probe;
+//! * vouched: `p_verified = last_offset`, as a warm cache sends: no probe;
+//! * window0: the queue's window set to 0: no probe, txns still written;
+//! * plain:   one row per message in a table with a unique index on
+//!   `(partition_id, transaction_id)`, `INSERT ... ON CONFLICT DO NOTHING`.
+//!
+//! Rows pushed by a repetition are deleted after it (and the tables
+//! vacuumed), so the window holds W hashes when each repetition starts. The
+//! figures are medians over the repetitions, in messages per second.
+//!
+//! The database is a fresh `stile_bench_<random>` on the server named by
+//! `STILE_TEST_DATABASE_URL` (default: libpq defaults), dropped at the end.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use stile::db::{ConfigureMode, Db, ProbeMode, SegmentOutcome, SegmentPush};
+use stile_tests::pg::{TestDb, connect};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    Forced,
+    Vouched,
+    Window0,
+    Plain,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Forced => "forced",
+            Mode::Vouched => "vouched",
+            Mode::Window0 => "window0",
+            Mode::Plain => "plain",
+        }
+    }
+
+    fn parse(s: &str) -> Mode {
+        match s {
+            "forced" => Mode::Forced,
+            "vouched" => Mode::Vouched,
+            "window0" => Mode::Window0,
+            "plain" => Mode::Plain,
+            other => panic!("unknown mode {other:?}"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Args {
+    sizes: Vec<usize>,
+    windows: Vec<usize>,
+    conns: usize,
+    secs: f64,
+    reps: usize,
+    sync: bool,
+    modes: Vec<Mode>,
+}
+
+fn list<T: std::str::FromStr>(s: &str) -> Vec<T>
+where
+    T::Err: std::fmt::Debug,
+{
+    s.split(',').filter(|p| !p.is_empty()).map(|p| p.trim().replace('_', "").parse().expect("a number")).collect()
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        sizes: vec![1, 10, 100],
+        windows: vec![0, 100_000, 1_000_000],
+        conns: 4,
+        secs: 2.0,
+        reps: 3,
+        sync: false,
+        modes: vec![Mode::Forced, Mode::Vouched, Mode::Window0, Mode::Plain],
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let value = argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--sizes" => a.sizes = list(&value),
+            "--windows" => a.windows = list(&value),
+            "--conns" => a.conns = value.parse().expect("--conns N"),
+            "--secs" => a.secs = value.parse().expect("--secs S"),
+            "--reps" => a.reps = value.parse().expect("--reps N"),
+            "--sync" => a.sync = value == "on",
+            "--modes" => a.modes = value.split(',').map(Mode::parse).collect(),
+            "--help" | "-h" => {
+                println!(
+                    "sql_bench [--sizes 1,10,100] [--windows 0,100000,1000000] [--conns 4] \
+                     [--secs 2] [--reps 3] [--sync off|on] [--modes forced,vouched,window0,plain]"
+                );
+                std::process::exit(0);
+            }
+            other => panic!("unknown argument {other:?} (try --help)"),
+        }
+        i += 2;
+    }
+    a
+}
+
+const PREFILL_ROW: i64 = 4096;
+
+fn payload(n: u64) -> Value {
+    json!({"orderId": n, "amount": 99.5, "currency": "EUR", "customer": "customer-42", "paid": true})
+}
+
+/// One level of the window dimension: its partitions and plain table.
+struct Level {
+    window: usize,
+    queue: String,
+    ids: Vec<i64>,
+    plain_table: String,
+}
+
+async fn setup_level(t: &TestDb, db: &Db, window: usize, conns: usize) -> Level {
+    let c = t.client().await;
+    let queue = format!("bench_w{window}");
+    let mut ids = Vec::new();
+    for i in 0..conns {
+        let p = db.resolve_partition(&queue, &format!("p{i}")).await.unwrap();
+        ids.push(p.id);
+        if window > 0 {
+            c.execute(
+                "WITH a AS (SELECT $1::bigint AS pid, $2::bigint AS chunk, $3::bigint AS w) \
+                 INSERT INTO stile.txns (partition_id, base_offset, end_offset, created_at, hashes) \
+                 SELECT a.pid, b * a.chunk, least((b + 1) * a.chunk, a.w) - 1, clock_timestamp(), \
+                        (SELECT string_agg(decode(md5(a.pid::text || ':' || i::text), 'hex'), ''::bytea ORDER BY i) \
+                           FROM generate_series(b * a.chunk, least((b + 1) * a.chunk, a.w) - 1) AS i) \
+                   FROM a, generate_series(0, (a.w - 1) / a.chunk) AS b",
+                &[&p.id, &PREFILL_ROW, &(window as i64)],
+            )
+            .await
+            .unwrap();
+            c.execute("UPDATE stile.partitions SET last_offset = $2::bigint - 1 WHERE id = $1", &[&p.id, &(window as i64)])
+                .await
+                .unwrap();
+        }
+    }
+    let plain_table = format!("bench.plain_w{window}");
+    c.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS bench; \
+         CREATE TABLE {plain_table} (partition_id bigint NOT NULL, transaction_id text NOT NULL, \
+             message_id uuid NOT NULL, payload json NOT NULL, \
+             created_at timestamptz NOT NULL DEFAULT clock_timestamp());"
+    ))
+    .await
+    .unwrap();
+    for &id in &ids {
+        c.execute(
+            &format!(
+                "INSERT INTO {plain_table} (partition_id, transaction_id, message_id, payload) \
+                 SELECT $1, 'prefill-' || i, gen_random_uuid(), '{{}}'::json \
+                   FROM generate_series(1, $2::bigint) AS i"
+            ),
+            &[&id, &(window as i64)],
+        )
+        .await
+        .unwrap();
+    }
+    c.batch_execute(&format!("CREATE UNIQUE INDEX ON {plain_table} (partition_id, transaction_id)")).await.unwrap();
+    // One statement per call: VACUUM refuses to run in a transaction block.
+    for table in [plain_table.as_str(), "stile.txns", "stile.partitions"] {
+        c.batch_execute(&format!("VACUUM ANALYZE {table}")).await.unwrap();
+    }
+    Level { window, queue, ids, plain_table }
+}
+
+/// Deletes what a repetition pushed, so the window holds W hashes again.
+async fn reset_level(t: &TestDb, level: &Level) {
+    let c = t.client().await;
+    c.execute(
+        "DELETE FROM stile.txns WHERE partition_id = ANY ($1) AND base_offset >= $2",
+        &[&level.ids, &(level.window as i64)],
+    )
+    .await
+    .unwrap();
+    c.execute("DELETE FROM stile.segments WHERE partition_id = ANY ($1)", &[&level.ids]).await.unwrap();
+    c.batch_execute("VACUUM stile.txns, stile.segments").await.unwrap();
+}
+
+async fn set_window(db: &Db, queue: &str, seconds: i64) {
+    let mut o = serde_json::Map::new();
+    o.insert("dedupWindowSeconds".into(), json!(seconds));
+    db.configure(queue, &o, ConfigureMode::Merge).await.unwrap();
+}
+
+struct RunResult {
+    messages: u64,
+    elapsed: Duration,
+    wrong_probe: u64,
+}
+
+async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, salt: u64) -> RunResult {
+    let planned = if mode == Mode::Window0 { 0 } else { 3600 };
+    let expected = match mode {
+        Mode::Forced => ProbeMode::Full,
+        Mode::Vouched => ProbeMode::Skipped,
+        _ => ProbeMode::Off,
+    };
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for (conn, &pid) in level.ids.iter().enumerate() {
+        let db = db.clone();
+        let queue = level.queue.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut last = db.resolve_partition(&queue, &format!("p{conn}")).await.unwrap().last_offset;
+            let (mut messages, mut wrong) = (0u64, 0u64);
+            let mut n = 0u64;
+            // One segment, rewritten in place for every push: the client's
+            // own work stays small beside the database's.
+            let mut s = SegmentPush {
+                partition_id: pid,
+                p_verified: -1,
+                planned_window_seconds: planned,
+                hashes: vec![0; 16 * size],
+                message_ids: vec![uuid::Uuid::nil(); size],
+                transaction_ids: vec![String::new(); size],
+                payloads: (0..size as u64).map(payload).collect(),
+            };
+            while Instant::now() < deadline {
+                s.p_verified = if mode == Mode::Vouched { last } else { -1 };
+                for i in 0..size {
+                    n += 1;
+                    let txn = &mut s.transaction_ids[i];
+                    txn.clear();
+                    write!(txn, "order-{salt}-{conn}-{n}-paid").unwrap();
+                    s.hashes[16 * i..16 * (i + 1)].copy_from_slice(&stile::hash::txn_hash(txn));
+                    s.message_ids[i] = fast_id();
+                }
+                let out = db.push_bundle(std::slice::from_ref(&s)).await.unwrap();
+                match out[0] {
+                    SegmentOutcome::Committed { base_offset, probe, .. } => {
+                        last = base_offset + size as i64 - 1;
+                        messages += size as u64;
+                        wrong += u64::from(probe != expected);
+                    }
+                    ref other => panic!("unexpected {other:?}"),
+                }
+            }
+            (messages, wrong)
+        }));
+    }
+    let mut r = RunResult { messages: 0, elapsed: Duration::ZERO, wrong_probe: 0 };
+    for task in tasks {
+        let (m, w) = task.await.unwrap();
+        r.messages += m;
+        r.wrong_probe += w;
+    }
+    r.elapsed = start.elapsed();
+    r
+}
+
+async fn run_plain(clients: &[Arc<tokio_postgres::Client>], level: &Level, size: usize, secs: f64, salt: u64) -> RunResult {
+    let sql = format!(
+        "WITH ins AS (INSERT INTO {} (partition_id, transaction_id, message_id, payload) \
+             SELECT $1, u.t, u.m, u.p FROM unnest($2::text[], $3::uuid[], $4::json[]) AS u(t, m, p) \
+             ON CONFLICT DO NOTHING RETURNING 1) \
+         SELECT count(*) FROM ins",
+        level.plain_table
+    );
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for (conn, (client, &pid)) in clients.iter().zip(&level.ids).enumerate() {
+        let sql = sql.clone();
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let stmt = client.prepare(&sql).await.unwrap();
+            let mut messages = 0u64;
+            let mut n = 0u64;
+            let mut txns = vec![String::new(); size];
+            let mut ids = vec![uuid::Uuid::nil(); size];
+            let payloads: Vec<Value> = (0..size as u64).map(payload).collect();
+            while Instant::now() < deadline {
+                for i in 0..size {
+                    n += 1;
+                    txns[i].clear();
+                    write!(txns[i], "order-{salt}-{conn}-{n}-paid").unwrap();
+                    ids[i] = fast_id();
+                }
+                let row = client.query_one(&stmt, &[&pid, &txns, &ids, &payloads]).await.unwrap();
+                let inserted: i64 = row.get(0);
+                assert_eq!(inserted as usize, size, "all new");
+                messages += size as u64;
+            }
+            messages
+        }));
+    }
+    let mut messages = 0;
+    for task in tasks {
+        messages += task.await.unwrap();
+    }
+    RunResult { messages, elapsed: start.elapsed(), wrong_probe: 0 }
+}
+
+/// A random message id without a system call (`Uuid::now_v7` asks the
+/// kernel for randomness on every call, which would bill the client's cost
+/// to the comparison).
+fn fast_id() -> uuid::Uuid {
+    uuid::Uuid::from_u128(rand::random::<u128>())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn fmt_rate(r: f64) -> String {
+    if r.is_nan() { "-".into() } else { format!("{:.0}", r) }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = parse_args();
+    let started = Instant::now();
+    eprintln!("sql_bench: {args:?}");
+    let t = TestDb::with_pool(args.conns).await;
+    let mut cfg = t.config().clone();
+    if !args.sync {
+        cfg.options("-c synchronous_commit=off");
+    }
+    let db = Db::from_config(cfg.clone(), args.conns).await.unwrap();
+    let mut plain_clients = Vec::new();
+    for _ in 0..args.conns {
+        plain_clients.push(Arc::new(connect(&cfg).await.unwrap()));
+    }
+    let version: String = plain_clients[0].query_one("SHOW server_version", &[]).await.unwrap().get(0);
+
+    // (window, size, mode) -> rates
+    let mut rates: BTreeMap<(usize, usize, Mode), Vec<f64>> = BTreeMap::new();
+    let mut wrong = 0u64;
+    let mut salt = 0u64;
+    for &window in &args.windows {
+        let prefill = Instant::now();
+        let level = setup_level(&t, &db, window, args.conns).await;
+        eprintln!("window {window}: prefilled {} partitions in {:.1} s", args.conns, prefill.elapsed().as_secs_f64());
+        for &size in &args.sizes {
+            for rep in 0..args.reps {
+                for &mode in &args.modes {
+                    salt += 1;
+                    let r = match mode {
+                        Mode::Plain => run_plain(&plain_clients, &level, size, args.secs, salt).await,
+                        Mode::Window0 => {
+                            set_window(&db, &level.queue, 0).await;
+                            let r = run_stile(&db, &level, mode, size, args.secs, salt).await;
+                            set_window(&db, &level.queue, 3600).await;
+                            r
+                        }
+                        _ => run_stile(&db, &level, mode, size, args.secs, salt).await,
+                    };
+                    if mode != Mode::Plain {
+                        reset_level(&t, &level).await;
+                    }
+                    wrong += r.wrong_probe;
+                    let rate = r.messages as f64 / r.elapsed.as_secs_f64();
+                    eprintln!("  window {window:>8} size {size:>4} rep {rep} {:<8} {:>9.0} msg/s", mode.name(), rate);
+                    rates.entry((window, size, mode)).or_default().push(rate);
+                }
+            }
+        }
+    }
+
+    let get = |w: usize, s: usize, m: Mode| -> f64 { rates.get(&(w, s, m)).map(|v| median(v.clone())).unwrap_or(f64::NAN) };
+    println!();
+    println!(
+        "stile.push throughput, messages/s (median of {} x {:.1} s runs, {} connections on distinct partitions, \
+         one segment per call, synchronous_commit={}, PostgreSQL {version})",
+        args.reps,
+        args.secs,
+        args.conns,
+        if args.sync { "on" } else { "off" }
+    );
+    println!();
+    println!(
+        "| window (hashes) | segment | forced (p_verified=-1) | vouched (p_verified=last) | window 0 | plain (unique index) | vouched / window 0 | vouched / plain |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &w in &args.windows {
+        for &s in &args.sizes {
+            let (f, v, z, p) =
+                (get(w, s, Mode::Forced), get(w, s, Mode::Vouched), get(w, s, Mode::Window0), get(w, s, Mode::Plain));
+            println!(
+                "| {w} | {s} | {} | {} | {} | {} | {:.2} | {:.2} |",
+                fmt_rate(f),
+                fmt_rate(v),
+                fmt_rate(z),
+                fmt_rate(p),
+                v / z,
+                v / p
+            );
+        }
+    }
+    println!();
+    if wrong > 0 {
+        println!("WARNING: {wrong} pushes reported an unexpected probe mode");
+    } else {
+        println!("every push reported the expected probe mode (forced: full, vouched: skipped, window 0: off)");
+    }
+    println!("total run time {:.0} s", started.elapsed().as_secs_f64());
+    drop(plain_clients);
+    drop(db);
+    drop(t);
+}

@@ -1,0 +1,168 @@
+//! Fresh PostgreSQL databases for tests.
+//!
+//! [`TestDb::new`] creates a database `stile_t_<random>` on the server named
+//! by `STILE_TEST_DATABASE_URL` (libpq keyword/value or URI form; empty or
+//! unset: libpq's defaults and `PG*` variables, as the gateway reads them),
+//! applies the migrations, and drops the database (`WITH (FORCE)`) when the
+//! `TestDb` is dropped, even if the test panicked.
+
+use std::time::Duration;
+
+use stile::db::{Db, DbError, config_to_url, pg_config};
+
+/// The environment variable naming the server tests create databases on.
+pub const URL_VAR: &str = "STILE_TEST_DATABASE_URL";
+
+/// Connection settings of the test server's `postgres` database.
+pub fn admin_config() -> tokio_postgres::Config {
+    let url = std::env::var(URL_VAR).unwrap_or_default();
+    let mut cfg = pg_config(&url).unwrap_or_else(|e| panic!("{URL_VAR}: {e}"));
+    cfg.dbname("postgres");
+    cfg.connect_timeout(Duration::from_secs(10));
+    cfg
+}
+
+/// Opens a plain connection (its driver runs on a spawned task).
+pub async fn connect(cfg: &tokio_postgres::Config) -> Result<tokio_postgres::Client, DbError> {
+    let (client, connection) = cfg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// A database of its own for one test, dropped with it.
+#[derive(Debug)]
+pub struct TestDb {
+    /// A pool on the database (10 connections unless asked otherwise).
+    pub db: Db,
+    name: String,
+    config: tokio_postgres::Config,
+}
+
+impl TestDb {
+    /// A fresh database with the schema migrated.
+    pub async fn new() -> TestDb {
+        TestDb::with_pool(10).await
+    }
+
+    /// A fresh, migrated database with a pool of `pool_size` connections.
+    pub async fn with_pool(pool_size: usize) -> TestDb {
+        let t = TestDb::unmigrated(pool_size).await;
+        t.db.migrate().await.expect("migrate a fresh database");
+        t
+    }
+
+    /// A fresh, empty database (no `stile` schema yet).
+    pub async fn unmigrated(pool_size: usize) -> TestDb {
+        let admin = admin_config();
+        let name = format!("stile_t_{:016x}", rand::random::<u64>());
+        let client = connect(&admin).await.unwrap_or_else(|e| panic!("connect to {}: {e}", config_to_url(&admin, false)));
+        client
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .unwrap_or_else(|e| panic!("create database {name}: {e}"));
+        drop(client);
+        let mut config = admin.clone();
+        config.dbname(&name);
+        // From here on, a failure drops the database again.
+        let guard = DropGuard { name: Some(name.clone()) };
+        let db = Db::from_config(config.clone(), pool_size).await.unwrap_or_else(|e| panic!("connect to {name}: {e}"));
+        std::mem::forget(guard);
+        TestDb { db, name, config }
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A connection string for the database (keyword/value form, password
+    /// included), e.g. for a gateway process.
+    pub fn url(&self) -> String {
+        config_to_url(&self.config, true)
+    }
+
+    /// The connection settings of the database.
+    pub fn config(&self) -> &tokio_postgres::Config {
+        &self.config
+    }
+
+    /// A plain connection of its own, outside the pool.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        connect(&self.config).await.unwrap_or_else(|e| panic!("connect to {}: {e}", self.name))
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        self.db.pool().close();
+        drop_database(&self.name);
+    }
+}
+
+struct DropGuard {
+    name: Option<String>,
+}
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if let Some(name) = self.name.take() {
+            drop_database(&name);
+        }
+    }
+}
+
+/// Drops a test database, terminating its connections, from a thread of its
+/// own (so it works from inside or outside a runtime, and while unwinding).
+fn drop_database(name: &str) {
+    let name = name.to_string();
+    let done = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime to drop the test database");
+        rt.block_on(async {
+            match connect(&admin_config()).await {
+                Ok(client) => {
+                    if let Err(e) = client.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await {
+                        eprintln!("warning: could not drop test database {name}: {e}");
+                    }
+                }
+                Err(e) => eprintln!("warning: could not drop test database {name}: {e}"),
+            }
+        });
+    });
+    let _ = done.join();
+}
+
+/// A segment for `partition_id` with one message per transactionId (payload
+/// `{"txn": <id>}`, fresh UUIDv7 message ids).
+pub fn segment(
+    partition_id: i64,
+    transaction_ids: &[&str],
+    p_verified: i64,
+    planned_window_seconds: i32,
+) -> stile::db::SegmentPush {
+    stile::db::SegmentPush {
+        partition_id,
+        p_verified,
+        planned_window_seconds,
+        hashes: transaction_ids.iter().flat_map(|t| stile::hash::txn_hash(t)).collect(),
+        message_ids: transaction_ids.iter().map(|_| uuid::Uuid::now_v7()).collect(),
+        transaction_ids: transaction_ids.iter().map(|t| t.to_string()).collect(),
+        payloads: transaction_ids.iter().map(|t| serde_json::json!({ "txn": t })).collect(),
+    }
+}
+
+/// A partition's stored state: `(last_offset, txns_start, segment rows, txns rows)`.
+pub async fn partition_state(client: &tokio_postgres::Client, partition_id: i64) -> (i64, i64, i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT p.last_offset, p.txns_start, \
+                    (SELECT count(*) FROM stile.segments s WHERE s.partition_id = p.id), \
+                    (SELECT count(*) FROM stile.txns t WHERE t.partition_id = p.id) \
+             FROM stile.partitions p WHERE p.id = $1",
+            &[&partition_id],
+        )
+        .await
+        .expect("read a partition's state");
+    (row.get(0), row.get(1), row.get(2), row.get(3))
+}

@@ -1,0 +1,149 @@
+//! Configure: creation from defaults, merge, null, replace, refusals.
+
+use serde_json::{Map, Value, json};
+use stile::db::{ConfigureError, ConfigureMode};
+use stile_tests::pg::TestDb;
+
+fn defaults() -> Value {
+    json!({
+        "dedupWindowSeconds": 3600,
+        "retentionSeconds": 0,
+        "leaseTime": 300,
+        "retryLimit": 3,
+        "priority": 0,
+        "delayedProcessing": 0,
+        "windowBuffer": 0,
+        "maxSize": 10000,
+        "completedRetentionSeconds": 0,
+        "encryptionEnabled": false,
+        "namespace": null,
+        "task": null,
+    })
+}
+
+fn opts(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+fn with(mut base: Value, changes: Value) -> Value {
+    for (k, v) in opts(changes) {
+        base[k] = v;
+    }
+    base
+}
+
+#[tokio::test]
+async fn a_new_queue_starts_from_the_defaults() {
+    let t = TestDb::new().await;
+    let stored = t.db.configure("q", &Map::new(), ConfigureMode::Merge).await.unwrap();
+    assert_eq!(stored, defaults());
+    // A queue created by a push has the same defaults.
+    t.db.resolve_partition("pushed", "p").await.unwrap();
+    assert_eq!(t.db.queue_options("pushed").await.unwrap(), Some(defaults()));
+    assert_eq!(t.db.queue_options("absent").await.unwrap(), None);
+    // Created with options: the omitted keys are the defaults, in either mode.
+    let stored = t.db.configure("r", &opts(json!({"dedupWindowSeconds": 0})), ConfigureMode::Merge).await.unwrap();
+    assert_eq!(stored, with(defaults(), json!({"dedupWindowSeconds": 0})));
+    let p = t.db.resolve_partition("r", "p").await.unwrap();
+    assert_eq!(p.window_seconds, 0);
+}
+
+#[tokio::test]
+async fn merge_leaves_omitted_keys_alone() {
+    let t = TestDb::new().await;
+    t.db.configure("q", &opts(json!({"dedupWindowSeconds": 0, "leaseTime": 60})), ConfigureMode::Merge).await.unwrap();
+    let stored = t.db.configure("q", &opts(json!({"retryLimit": 9})), ConfigureMode::Merge).await.unwrap();
+    // The queue created with deduplication off keeps it off.
+    assert_eq!(stored, with(defaults(), json!({"dedupWindowSeconds": 0, "leaseTime": 60, "retryLimit": 9})));
+    assert_eq!(t.db.queue_options("q").await.unwrap(), Some(stored));
+}
+
+#[tokio::test]
+async fn null_restores_a_default() {
+    let t = TestDb::new().await;
+    t.db.configure("q", &opts(json!({"dedupWindowSeconds": 0, "namespace": "billing", "priority": -5})), ConfigureMode::Merge)
+        .await
+        .unwrap();
+    let stored =
+        t.db.configure("q", &opts(json!({"dedupWindowSeconds": null, "namespace": null})), ConfigureMode::Merge).await.unwrap();
+    assert_eq!(stored, with(defaults(), json!({"priority": -5})));
+    assert_eq!(t.db.resolve_partition("q", "p").await.unwrap().window_seconds, 3600);
+}
+
+#[tokio::test]
+async fn replace_resets_every_omitted_key() {
+    let t = TestDb::new().await;
+    t.db.configure(
+        "q",
+        &opts(json!({"dedupWindowSeconds": 0, "retentionSeconds": 86400, "task": "import"})),
+        ConfigureMode::Merge,
+    )
+    .await
+    .unwrap();
+    let stored = t.db.configure("q", &opts(json!({"maxSize": 5})), ConfigureMode::Replace).await.unwrap();
+    assert_eq!(stored, with(defaults(), json!({"maxSize": 5})));
+}
+
+#[tokio::test]
+async fn queens_full_option_set_is_stored_and_echoed() {
+    let t = TestDb::new().await;
+    let all = json!({
+        "dedupWindowSeconds": 120,
+        "retentionSeconds": 7200,
+        "leaseTime": 30,
+        "retryLimit": 5,
+        "priority": 10,
+        "delayedProcessing": 2,
+        "windowBuffer": 1,
+        "maxSize": 500,
+        "completedRetentionSeconds": 60,
+        "encryptionEnabled": true,
+        "namespace": "billing",
+        "task": "invoices",
+    });
+    let stored = t.db.configure("q", &opts(all.clone()), ConfigureMode::Replace).await.unwrap();
+    assert_eq!(stored, all);
+    // Whole numbers written as floats are stored as integers.
+    let stored = t.db.configure("q", &opts(json!({"leaseTime": 45.0})), ConfigureMode::Merge).await.unwrap();
+    assert_eq!(stored["leaseTime"], json!(45));
+}
+
+#[tokio::test]
+async fn bad_keys_and_values_are_refused_by_name_and_nothing_is_written() {
+    let t = TestDb::new().await;
+    t.db.configure("q", &opts(json!({"dedupWindowSeconds": 60})), ConfigureMode::Merge).await.unwrap();
+    let before = t.db.queue_options("q").await.unwrap();
+    let cases = [
+        (json!({"dedupWindowSeconds": -1}), "dedupWindowSeconds"),
+        (json!({"dedupWindowSeconds": "60"}), "dedupWindowSeconds"),
+        (json!({"dedupWindowSeconds": 1.5}), "dedupWindowSeconds"),
+        (json!({"retentionSeconds": 4_000_000_000u64}), "retentionSeconds"),
+        (json!({"encryptionEnabled": 1}), "encryptionEnabled"),
+        (json!({"namespace": 7}), "namespace"),
+        (json!({"leaseTime": [1]}), "leaseTime"),
+        (json!({"dedupWindow": 60}), "dedupWindow"),
+        // One bad key refuses the good ones beside it.
+        (json!({"retryLimit": 1, "maxSize": -3}), "maxSize"),
+    ];
+    for (options, key) in cases {
+        for (queue, mode) in [("q", ConfigureMode::Merge), ("new", ConfigureMode::Replace)] {
+            match t.db.configure(queue, &opts(options.clone()), mode).await {
+                Err(ConfigureError::Invalid(message)) => {
+                    assert!(message.starts_with(&format!("{key}:")), "{options} -> {message}")
+                }
+                other => panic!("{options}: expected a refusal, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(t.db.queue_options("q").await.unwrap(), before);
+    // A refused create creates nothing.
+    assert_eq!(t.db.queue_options("new").await.unwrap(), None);
+    // A bad queue name is refused too.
+    match t.db.configure("", &Map::new(), ConfigureMode::Merge).await {
+        Err(ConfigureError::Invalid(message)) => assert!(message.starts_with("queue:"), "{message}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

@@ -1,0 +1,118 @@
+//! Migrations and connections: idempotent, safe to run from several
+//! gateways at once; errors sorted into "unavailable" and the rest.
+
+use stile::db::{Db, MIGRATIONS};
+use stile_tests::pg::TestDb;
+
+async fn applied(t: &TestDb) -> Vec<i32> {
+    t.client()
+        .await
+        .query("SELECT version FROM stile.schema_migrations ORDER BY version", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+fn all_versions() -> Vec<i32> {
+    MIGRATIONS.iter().map(|m| m.version).collect()
+}
+
+#[tokio::test]
+async fn migrating_twice_changes_nothing() {
+    let t = TestDb::unmigrated(2).await;
+    assert_eq!(t.db.schema_version().await.unwrap(), 0);
+    t.db.migrate().await.unwrap();
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    t.db.migrate().await.unwrap();
+    assert_eq!(applied(&t).await, all_versions());
+    assert_eq!(t.db.schema_version().await.unwrap(), *all_versions().last().unwrap());
+    // The data survived.
+    assert_eq!(t.db.resolve_partition("q", "p").await.unwrap(), p);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gateways_starting_at_once_migrate_once() {
+    let t = TestDb::unmigrated(1).await;
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        // Separate pools, as separate gateway processes would have.
+        let db = Db::from_config(t.config().clone(), 1).await.unwrap();
+        tasks.push(tokio::spawn(async move { db.migrate().await }));
+    }
+    for task in tasks {
+        task.await.unwrap().expect("every migrator succeeds");
+    }
+    assert_eq!(applied(&t).await, all_versions());
+}
+
+#[tokio::test]
+async fn a_half_migrated_database_is_completed() {
+    let t = TestDb::unmigrated(1).await;
+    let c = t.client().await;
+    c.batch_execute(
+        "CREATE SCHEMA stile; \
+         CREATE TABLE stile.schema_migrations (version integer PRIMARY KEY, name text NOT NULL, \
+             applied_at timestamptz NOT NULL DEFAULT now());",
+    )
+    .await
+    .unwrap();
+    c.batch_execute(MIGRATIONS[0].sql).await.unwrap();
+    c.execute(
+        "INSERT INTO stile.schema_migrations (version, name) VALUES ($1, $2)",
+        &[&MIGRATIONS[0].version, &MIGRATIONS[0].name],
+    )
+    .await
+    .unwrap();
+    t.db.migrate().await.unwrap();
+    assert_eq!(applied(&t).await, all_versions());
+    t.db.resolve_partition("q", "p").await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_unavailable() {
+    let e = Db::connect("host=127.0.0.1 port=1 user=nobody dbname=x connect_timeout=2", 1).await.unwrap_err();
+    assert!(e.is_unavailable(), "{e}");
+    let e = Db::connect("host=/nonexistent/socket/dir dbname=x", 1).await.unwrap_err();
+    assert!(e.is_unavailable(), "{e}");
+    // A bad connection string is a configuration error, not an outage.
+    let e = Db::connect("host=h port=notaport", 1).await.unwrap_err();
+    assert!(!e.is_unavailable() && e.kind() == "config", "{e}");
+    let e = Db::connect("postgresql://u:hunter2@h:x/d", 1).await.unwrap_err();
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+}
+
+#[tokio::test]
+async fn a_terminated_connection_is_unavailable_and_the_pool_recovers() {
+    let t = TestDb::with_pool(1).await;
+    t.db.resolve_partition("q", "p").await.unwrap();
+    let c = t.client().await;
+    // Kill the pool's connection under it, as a server restart would, and
+    // wait until its backend is gone.
+    c.execute(
+        "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity \
+          WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        &[],
+    )
+    .await
+    .unwrap();
+    // The connection may or may not have noticed yet: the first call either
+    // fails as unavailable or succeeds on a fresh connection.
+    match t.db.resolve_partition("q", "p").await {
+        Ok(_) => {}
+        Err(e) => assert!(e.is_unavailable(), "{e}"),
+    }
+    t.db.resolve_partition("q", "p").await.unwrap();
+}
+
+#[test]
+fn redacted_url_hides_the_password() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let t = rt.block_on(TestDb::new());
+    assert!(!t.db.redacted_url().contains("password=") || t.db.redacted_url().contains("********"));
+    let cfg = stile::db::pg_config("host=h user=u password=s3cret dbname=d").unwrap();
+    let shown = stile::db::config_to_url(&cfg, false);
+    assert!(!shown.contains("s3cret") && shown.contains("password=********"), "{shown}");
+    drop(t);
+}

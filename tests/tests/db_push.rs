@@ -1,0 +1,412 @@
+//! The push function against a real PostgreSQL: verdicts, the probe's span,
+//! and what a duplicate leaves behind (nothing).
+
+use serde_json::{Map, json};
+use stile::db::{ConfigureMode, Duplicate, ProbeMode, SegmentOutcome};
+use stile_tests::pg::{TestDb, partition_state, segment};
+
+fn committed(outcome: &SegmentOutcome) -> (i64, ProbeMode) {
+    match outcome {
+        SegmentOutcome::Committed { base_offset, probe, .. } => (*base_offset, *probe),
+        other => panic!("expected a commit, got {other:?}"),
+    }
+}
+
+fn duplicates(outcome: &SegmentOutcome) -> (Vec<Duplicate>, ProbeMode) {
+    match outcome {
+        SegmentOutcome::Duplicates { duplicates, probe, .. } => (duplicates.clone(), *probe),
+        other => panic!("expected duplicates, got {other:?}"),
+    }
+}
+
+async fn set_window(t: &TestDb, queue: &str, seconds: i64) {
+    let mut options = Map::new();
+    options.insert("dedupWindowSeconds".into(), json!(seconds));
+    t.db.configure(queue, &options, ConfigureMode::Merge).await.expect("configure the window");
+}
+
+#[tokio::test]
+async fn first_push_allocates_from_zero_and_writes_both_rows() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("orders", "p0").await.unwrap();
+    assert_eq!((p.window_seconds, p.last_offset, p.txns_start), (3600, -1, 0));
+
+    let out = t.db.push_bundle(&[segment(p.id, &["a", "b", "c"], -1, 3600)]).await.unwrap();
+    // An empty partition has nothing to compare against.
+    assert_eq!(committed(&out[0]), (0, ProbeMode::Skipped));
+    assert_eq!(out[0].window_seconds(), 3600);
+    let out = t.db.push_bundle(&[segment(p.id, &["d"], -1, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (3, ProbeMode::Full));
+
+    let c = t.client().await;
+    assert_eq!(partition_state(&c, p.id).await, (3, 0, 2, 2));
+    let row = c
+        .query_one(
+            "SELECT end_offset, hashes, transaction_ids, payloads FROM stile.txns \
+             JOIN stile.segments USING (partition_id, base_offset, end_offset, created_at) \
+             WHERE partition_id = $1 AND base_offset = 0",
+            &[&p.id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 2);
+    let hashes: Vec<u8> = row.get(1);
+    assert_eq!(&hashes[16..32], &stile::hash::txn_hash("b"));
+    assert_eq!(row.get::<_, Vec<String>>(2), vec!["a", "b", "c"]);
+    assert_eq!(row.get::<_, Vec<serde_json::Value>>(3), vec![json!({"txn": "a"}), json!({"txn": "b"}), json!({"txn": "c"})]);
+}
+
+#[tokio::test]
+async fn a_duplicate_writes_nothing_and_names_the_original() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("orders", "p0").await.unwrap();
+    let first = segment(p.id, &["a", "b", "c"], -1, 3600);
+    let b_id = first.message_ids[1];
+    t.db.push_bundle(&[first]).await.unwrap();
+    let c = t.client().await;
+    let before = partition_state(&c, p.id).await;
+
+    let out = t.db.push_bundle(&[segment(p.id, &["d", "b", "e"], -1, 3600)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!(probe, ProbeMode::Full);
+    assert_eq!(dups, vec![Duplicate { index: 1, offset: 1, message_id: b_id }]);
+    // No allocator bump, no segment, no txns row: not even for "d" and "e".
+    assert_eq!(partition_state(&c, p.id).await, before);
+
+    // The same id in another partition or queue is another message.
+    let other = t.db.resolve_partition("orders", "p1").await.unwrap();
+    let out = t.db.push_bundle(&[segment(other.id, &["b"], -1, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]).0, 0);
+    let other_queue = t.db.resolve_partition("invoices", "p0").await.unwrap();
+    let out = t.db.push_bundle(&[segment(other_queue.id, &["b"], -1, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]).0, 0);
+}
+
+#[tokio::test]
+async fn min_picks_the_first_occurrence() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    set_window(&t, "q", 0).await;
+    let s0 = segment(p.id, &["x", "a"], -1, 0);
+    let a_id = s0.message_ids[1];
+    for s in [s0, segment(p.id, &["a"], -1, 0), segment(p.id, &["y", "a"], -1, 0)] {
+        let out = t.db.push_bundle(&[s]).await.unwrap();
+        assert_eq!(committed(&out[0]).1, ProbeMode::Off);
+    }
+    // "a" is stored at offsets 1, 2 and 4; with the window back on, the
+    // answer carries the first.
+    set_window(&t, "q", 3600).await;
+    let out = t.db.push_bundle(&[segment(p.id, &["a", "z"], -1, 3600)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!(probe, ProbeMode::Full);
+    assert_eq!(dups, vec![Duplicate { index: 0, offset: 1, message_id: a_id }]);
+    // A narrowed probe above offset 1 finds the next one still inside.
+    let out = t.db.push_bundle(&[segment(p.id, &["z", "a"], 1, 3600)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!(probe, ProbeMode::Narrowed);
+    assert_eq!((dups[0].index, dups[0].offset), (1, 2));
+}
+
+#[tokio::test]
+async fn a_hash_older_than_the_window_is_new_again() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    set_window(&t, "q", 60).await;
+    t.db.push_bundle(&[segment(p.id, &["a", "b"], -1, 60)]).await.unwrap();
+    let c = t.client().await;
+    // Age the first segment by two minutes instead of waiting.
+    c.execute("UPDATE stile.txns SET created_at = created_at - interval '2 minutes' WHERE partition_id = $1", &[&p.id])
+        .await
+        .unwrap();
+    t.db.push_bundle(&[segment(p.id, &["c"], -1, 60)]).await.unwrap();
+    let out = t.db.push_bundle(&[segment(p.id, &["a", "c"], -1, 60)]).await.unwrap();
+    // "c" (offset 2) is inside the window, "a" (offset 0) is not.
+    let (dups, _) = duplicates(&out[0]);
+    assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(1, 2)]);
+    let out = t.db.push_bundle(&[segment(p.id, &["a"], -1, 60)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (3, ProbeMode::Full));
+}
+
+#[tokio::test]
+async fn p_verified_skips_or_narrows_the_probe() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    t.db.push_bundle(&[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
+
+    // Vouched up to last_offset: no probe at all.
+    let out = t.db.push_bundle(&[segment(p.id, &["c"], 1, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (2, ProbeMode::Skipped));
+    // The vouch is trusted: a hash at or below it is not looked for (a cache
+    // vouches only for what it knows is absent, so this never happens).
+    let out = t.db.push_bundle(&[segment(p.id, &["a"], 2, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (3, ProbeMode::Skipped));
+    // Vouched below last_offset: the span above is still probed.
+    let out = t.db.push_bundle(&[segment(p.id, &["d", "c"], 1, 3600)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!(probe, ProbeMode::Narrowed);
+    assert_eq!((dups[0].index, dups[0].offset), (1, 2));
+    let out = t.db.push_bundle(&[segment(p.id, &["d"], 1, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (4, ProbeMode::Narrowed));
+    // A vouch beyond the allocator is clamped to it.
+    let out = t.db.push_bundle(&[segment(p.id, &["e"], 1_000, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (5, ProbeMode::Skipped));
+}
+
+#[tokio::test]
+async fn txns_start_bounds_the_probe() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    t.db.push_bundle(&[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(&[segment(p.id, &["b"], -1, 3600)]).await.unwrap();
+    let c = t.client().await;
+    // Offsets below txns_start count as purged even while their row lingers.
+    c.execute("UPDATE stile.partitions SET txns_start = 1 WHERE id = $1", &[&p.id]).await.unwrap();
+    let out = t.db.push_bundle(&[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (2, ProbeMode::Full));
+    let out = t.db.push_bundle(&[segment(p.id, &["b"], -1, 3600)]).await.unwrap();
+    assert_eq!(duplicates(&out[0]).0[0].offset, 1);
+    // Everything below txns_start: nothing to probe.
+    c.execute("UPDATE stile.partitions SET txns_start = 3 WHERE id = $1", &[&p.id]).await.unwrap();
+    let out = t.db.push_bundle(&[segment(p.id, &["b"], -1, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (3, ProbeMode::Skipped));
+}
+
+#[tokio::test]
+async fn window_zero_skips_the_probe_but_writes_txns() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    set_window(&t, "q", 0).await;
+    for expected in 0..3 {
+        let out = t.db.push_bundle(&[segment(p.id, &["same"], -1, 0)]).await.unwrap();
+        assert_eq!(committed(&out[0]), (expected, ProbeMode::Off));
+        assert_eq!(out[0].window_seconds(), 0);
+    }
+    let c = t.client().await;
+    assert_eq!(partition_state(&c, p.id).await, (2, 0, 3, 3));
+}
+
+#[tokio::test]
+async fn a_window_larger_than_planned_forces_the_full_probe() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    t.db.push_bundle(&[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
+    // The cache planned under 60 s and vouches up to last_offset: the window
+    // is 3600 s now, so the vouch is void.
+    let out = t.db.push_bundle(&[segment(p.id, &["b"], 1, 60)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!(probe, ProbeMode::Full);
+    assert_eq!(dups[0].offset, 1);
+    // Planned under the same or a larger window, the vouch holds.
+    let out = t.db.push_bundle(&[segment(p.id, &["c"], 1, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (2, ProbeMode::Skipped));
+    let out = t.db.push_bundle(&[segment(p.id, &["d"], 2, 7200)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (3, ProbeMode::Skipped));
+}
+
+#[tokio::test]
+async fn a_later_segment_of_the_same_partition_is_probed_against_the_earlier() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    t.db.push_bundle(&[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
+    // Both segments vouched at last_offset = 0, as a cache planning them in
+    // one flush would.
+    let s1 = segment(p.id, &["x", "y"], 0, 3600);
+    let y_id = s1.message_ids[1];
+    let out = t.db.push_bundle(&[s1, segment(p.id, &["y"], 0, 3600), segment(p.id, &["z"], 0, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (1, ProbeMode::Skipped));
+    let (dups, probe) = duplicates(&out[1]);
+    assert_eq!(probe, ProbeMode::Narrowed);
+    assert_eq!(dups, vec![Duplicate { index: 0, offset: 2, message_id: y_id }]);
+    assert_eq!(committed(&out[2]), (3, ProbeMode::Narrowed));
+}
+
+#[tokio::test]
+async fn a_bundle_with_a_duplicate_commits_the_other_partitions() {
+    let t = TestDb::new().await;
+    let p1 = t.db.resolve_partition("q", "p1").await.unwrap();
+    let p2 = t.db.resolve_partition("q", "p2").await.unwrap();
+    let p3 = t.db.resolve_partition("other", "p3").await.unwrap();
+    let seed = segment(p2.id, &["x"], -1, 3600);
+    let x_id = seed.message_ids[0];
+    t.db.push_bundle(&[seed]).await.unwrap();
+
+    let out =
+        t.db.push_bundle(&[
+            segment(p3.id, &["a", "b"], -1, 3600),
+            segment(p2.id, &["y", "x"], -1, 3600),
+            segment(p1.id, &["x"], -1, 3600),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(committed(&out[0]).0, 0);
+    assert_eq!(duplicates(&out[1]).0, vec![Duplicate { index: 1, offset: 0, message_id: x_id }]);
+    assert_eq!(committed(&out[2]).0, 0);
+    let c = t.client().await;
+    assert_eq!(partition_state(&c, p1.id).await, (0, 0, 1, 1));
+    assert_eq!(partition_state(&c, p2.id).await, (0, 0, 1, 1));
+    assert_eq!(partition_state(&c, p3.id).await, (1, 0, 1, 1));
+}
+
+#[tokio::test]
+async fn malformed_bundles_are_refused_whole() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    assert!(t.db.push_bundle(&[]).await.unwrap().is_empty());
+
+    let mut bad = segment(p.id, &["a", "b"], -1, 3600);
+    bad.hashes.truncate(20);
+    let e = t.db.push_bundle(&[bad]).await.unwrap_err();
+    assert!(!e.is_unavailable() && e.kind() == "invalid", "{e}");
+
+    let e = t.db.push_bundle(&[segment(p.id, &["a"], -1, 3600), segment(p.id + 1000, &["b"], -1, 3600)]).await.unwrap_err();
+    assert!(!e.is_unavailable(), "{e}");
+    assert!(e.to_string().contains("unknown partition"), "{e}");
+    let c = t.client().await;
+    assert_eq!(partition_state(&c, p.id).await, (-1, 0, 0, 0));
+
+    // Names the schema refuses: empty, too long, with control characters.
+    let long = "x".repeat(256);
+    for (queue, partition) in [("q", ""), ("", "p"), ("q", long.as_str()), ("q", "a\u{1f}b")] {
+        let e = t.db.resolve_partition(queue, partition).await.unwrap_err();
+        assert_eq!(e.kind(), "invalid", "{queue:?}/{partition:?}: {e}");
+    }
+    let n: i64 = c.query_one("SELECT count(*) FROM stile.partitions", &[]).await.unwrap().get(0);
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn reads_return_what_was_pushed() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let s0 = segment(p.id, &["a", "b", "c"], -1, 3600);
+    let s1 = segment(p.id, &["d", "e"], -1, 3600);
+    let ids: Vec<_> = s0.message_ids.iter().chain(&s1.message_ids).copied().collect();
+    let out = t.db.push_bundle(&[s0, s1]).await.unwrap();
+    let SegmentOutcome::Committed { created_ms, .. } = out[0] else { panic!("{out:?}") };
+
+    let all = t.db.read_messages("q", "p", 0, 100).await.unwrap();
+    assert_eq!(all.len(), 5);
+    for (i, m) in all.iter().enumerate() {
+        assert_eq!(m.offset, i as i64);
+        assert_eq!(m.message_id, ids[i]);
+        assert_eq!(m.payload, json!({ "txn": m.transaction_id }));
+    }
+    assert_eq!(all[0].created_ms, created_ms);
+    assert_eq!(all[4].transaction_id, "e");
+    let page = t.db.read_messages("q", "p", 2, 2).await.unwrap();
+    assert_eq!(page.iter().map(|m| (m.offset, m.transaction_id.as_str())).collect::<Vec<_>>(), vec![(2, "c"), (3, "d")]);
+    assert!(t.db.read_messages("q", "p", 5, 10).await.unwrap().is_empty());
+    assert!(t.db.read_messages("q", "nope", 0, 10).await.unwrap().is_empty());
+
+    let hash = stile::hash::txn_hash;
+    let m = t.db.message_by_transaction_id("q", "p", hash("d"), "d").await.unwrap().unwrap();
+    assert_eq!((m.offset, m.message_id), (3, ids[3]));
+    assert!(t.db.message_by_transaction_id("q", "p", hash("zz"), "zz").await.unwrap().is_none());
+    assert!(t.db.message_by_transaction_id("q", "x", hash("d"), "d").await.unwrap().is_none());
+
+    // A hash collision: "coll" stored under b's hash. The stored
+    // transactionId rules it out, and the search goes on to the real "b".
+    let mut forged = segment(p.id, &["coll"], -1, 0);
+    forged.hashes = hash("b").to_vec();
+    set_window_zero_then_push(&t, forged).await;
+    let m = t.db.message_by_transaction_id("q", "p", hash("b"), "b").await.unwrap().unwrap();
+    assert_eq!((m.offset, m.transaction_id.as_str()), (1, "b"));
+    let m = t.db.message_by_transaction_id("q", "p", hash("b"), "coll").await.unwrap().unwrap();
+    assert_eq!(m.offset, 5);
+    // Newest first when an id is stored twice (window 0).
+    t.db.push_bundle(&[segment(p.id, &["a"], -1, 0)]).await.unwrap();
+    let m = t.db.message_by_transaction_id("q", "p", hash("a"), "a").await.unwrap().unwrap();
+    assert_eq!(m.offset, 6);
+}
+
+async fn set_window_zero_then_push(t: &TestDb, s: stile::db::SegmentPush) {
+    set_window(t, "q", 0).await;
+    t.db.push_bundle(&[s]).await.unwrap();
+}
+
+#[tokio::test]
+async fn hydration_reads_the_window_and_the_allocator_together() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let h = t.db.hydration(p.id, 60).await.unwrap();
+    assert_eq!((h.last_offset, h.txns_start, h.rows.len()), (-1, 0, 0));
+
+    t.db.push_bundle(&[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(&[segment(p.id, &["c"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(&[segment(p.id, &["d"], -1, 3600)]).await.unwrap();
+    let SegmentOutcome::Committed { created_ms, .. } = out[0] else { panic!("{out:?}") };
+    let c = t.client().await;
+    // Row 0 is 10 minutes old, row 2 is 62 s old: outside 60 s, but inside
+    // the 5 s slack.
+    c.execute(
+        "UPDATE stile.txns SET created_at = created_at - interval '10 minutes' \
+         WHERE partition_id = $1 AND base_offset = 0",
+        &[&p.id],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "UPDATE stile.txns SET created_at = created_at - interval '62 seconds' \
+         WHERE partition_id = $1 AND base_offset = 2",
+        &[&p.id],
+    )
+    .await
+    .unwrap();
+    let h = t.db.hydration(p.id, 60).await.unwrap();
+    assert_eq!(h.last_offset, 3);
+    assert_eq!(h.rows.iter().map(|r| (r.base_offset, r.end_offset)).collect::<Vec<_>>(), vec![(2, 2), (3, 3)]);
+    assert_eq!(h.rows[1].created_ms, created_ms);
+    assert_eq!(h.rows[1].hashes, stile::hash::txn_hash("d").to_vec());
+    let h = t.db.hydration(p.id, 3600).await.unwrap();
+    assert_eq!(h.rows.len(), 3);
+    assert!(t.db.hydration(p.id + 1000, 60).await.unwrap_err().kind() == "not_found");
+}
+
+#[tokio::test]
+async fn retention_purges_segments_and_txns_outside_the_window() {
+    let t = TestDb::new().await;
+    let kept = t.db.resolve_partition("forever", "p").await.unwrap();
+    let p = t.db.resolve_partition("short", "p").await.unwrap();
+    let mut options = Map::new();
+    options.insert("retentionSeconds".into(), json!(60));
+    options.insert("dedupWindowSeconds".into(), json!(600));
+    t.db.configure("short", &options, ConfigureMode::Merge).await.unwrap();
+    for s in [&["a", "b"][..], &["c"], &["d"]] {
+        t.db.push_bundle(&[segment(p.id, s, -1, 600)]).await.unwrap();
+        t.db.push_bundle(&[segment(kept.id, s, -1, 3600)]).await.unwrap();
+    }
+    let c = t.client().await;
+    // Everything is 2 hours old except offset 3 ("d"), which is 2 minutes:
+    // past the retention, inside the window.
+    for table in ["segments", "txns"] {
+        c.execute(
+            &format!(
+                "UPDATE stile.{table} SET created_at = created_at - \
+                 CASE WHEN base_offset = 3 THEN interval '2 minutes' ELSE interval '2 hours' END"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+    let report = t.db.purge().await.unwrap();
+    assert_eq!((report.partitions, report.segments_deleted, report.txns_deleted), (1, 3, 2));
+    // Retention 0 keeps everything.
+    assert_eq!(partition_state(&c, kept.id).await, (3, 0, 3, 3));
+    // Segments older than 60 s are gone; txns only outside the 600 s window.
+    assert_eq!(partition_state(&c, p.id).await, (3, 3, 0, 1));
+    assert!(t.db.read_messages("short", "p", 0, 10).await.unwrap().is_empty());
+
+    // "d" is still a duplicate (its hash is inside the window), but its
+    // message is gone: the original's id is unknown.
+    let out = t.db.push_bundle(&[segment(p.id, &["d"], -1, 600)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!(probe, ProbeMode::Full);
+    assert_eq!((dups[0].offset, dups[0].message_id), (3, uuid::Uuid::nil()));
+    // "a" is past the watermark: new again.
+    let out = t.db.push_bundle(&[segment(p.id, &["a"], -1, 600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (4, ProbeMode::Full));
+    // Nothing more to purge.
+    let report = t.db.purge().await.unwrap();
+    assert_eq!((report.segments_deleted, report.txns_deleted), (0, 0));
+}
