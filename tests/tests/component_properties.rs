@@ -1,0 +1,259 @@
+//! The cache's properties, run against the real component in wasmtime: the
+//! same model-based driver and event-window checks that `stile-guest` runs
+//! against its native core, and a differential run that feeds one scenario
+//! to both and compares every answer.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use stile::component::COMPONENT;
+use stile::wasm::{WasmEngine, WasmShard};
+use stile_guest::testing::{self, Cache, Scenario, window};
+use stile_guest::{Admission, Commit, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, ShardConfig, Stats};
+
+/// One compiled component for every test of this binary.
+fn engine() -> &'static WasmEngine {
+    static ENGINE: OnceLock<WasmEngine> = OnceLock::new();
+    ENGINE.get_or_init(|| WasmEngine::new(COMPONENT).expect("compile the embedded component"))
+}
+
+/// `cases` cases, with failures saved beside this file.
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    }
+}
+
+/// A fresh instance of the component behind the property driver's trait.
+/// Every call checks that the instance never trapped: a retired instance
+/// answers like an empty cache, which is sound but would hide a guest bug.
+#[derive(Debug)]
+struct Component(WasmShard);
+
+impl Component {
+    fn new(config: ShardConfig) -> Component {
+        Component(WasmShard::new(engine(), config).expect("instantiate the component"))
+    }
+
+    fn healthy<R>(&self, value: R) -> R {
+        assert_eq!(self.0.rebuilds(), 0, "the component trapped and was rebuilt");
+        value
+    }
+}
+
+impl Cache for Component {
+    fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
+        let plans = self.0.plan(now_ms, segments);
+        self.healthy(plans)
+    }
+
+    fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
+        self.0.record_commits(now_ms, commits);
+        self.healthy(());
+    }
+
+    fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
+        let admission = self.0.admit(now_ms, partition, window_ms, estimate_hashes);
+        self.healthy(admission)
+    }
+
+    fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
+        let result = self.0.hydrate(now_ms, hydration);
+        self.healthy(result)
+    }
+
+    fn expire(&mut self, now_ms: Millis) {
+        self.0.expire(now_ms);
+        self.healthy(());
+    }
+
+    fn forget(&mut self, partition: PartitionId) {
+        self.0.forget(partition);
+        self.healthy(());
+    }
+
+    fn stats(&mut self) -> Stats {
+        let stats = self.0.stats();
+        self.healthy(stats)
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// The driver's property: the component never vouches over a hash
+    /// PostgreSQL holds, and is not trivially sound either.
+    #[test]
+    fn the_component_never_vouches_over_a_stored_duplicate(scenario in testing::scenario()) {
+        testing::run(&scenario, Component::new).map_err(|violation| TestCaseError::fail(violation.to_string()))?;
+    }
+}
+
+#[test]
+fn window_semantics() {
+    window::window_semantics(&mut Component::new(window::CONFIG));
+}
+
+#[test]
+fn memory_bounded_by_rate_times_window() {
+    let mut component = Component::new(window::CONFIG);
+    let report = window::memory_bounded_by_rate_times_window(&mut component);
+    println!("{report:?}; {:?}", component.stats());
+}
+
+/// One call and its answer, as the recording wrapper saw it. Calls without
+/// an answer are logged too, so that the two logs stay aligned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Call {
+    Plan { now_ms: Millis, plans: Vec<Plan> },
+    RecordCommits { now_ms: Millis, commits: usize },
+    Admit { partition: PartitionId, admission: Admission },
+    Hydrate { partition: PartitionId, result: Result<(), HydrateError> },
+    Expire { now_ms: Millis },
+    Forget { partition: PartitionId },
+    Stats(Stats),
+}
+
+/// Passes every call through to `inner` and logs it with its answer.
+struct Recording<C> {
+    inner: C,
+    log: Rc<RefCell<Vec<Call>>>,
+}
+
+impl<C: Cache> Cache for Recording<C> {
+    fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
+        let plans = self.inner.plan(now_ms, segments);
+        self.log.borrow_mut().push(Call::Plan { now_ms, plans: plans.clone() });
+        plans
+    }
+
+    fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
+        self.inner.record_commits(now_ms, commits);
+        self.log.borrow_mut().push(Call::RecordCommits { now_ms, commits: commits.len() });
+    }
+
+    fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
+        let admission = self.inner.admit(now_ms, partition, window_ms, estimate_hashes);
+        self.log.borrow_mut().push(Call::Admit { partition, admission });
+        admission
+    }
+
+    fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
+        let result = self.inner.hydrate(now_ms, hydration);
+        self.log.borrow_mut().push(Call::Hydrate { partition: hydration.partition, result });
+        result
+    }
+
+    fn expire(&mut self, now_ms: Millis) {
+        self.inner.expire(now_ms);
+        self.log.borrow_mut().push(Call::Expire { now_ms });
+    }
+
+    fn forget(&mut self, partition: PartitionId) {
+        self.inner.forget(partition);
+        self.log.borrow_mut().push(Call::Forget { partition });
+    }
+
+    fn stats(&mut self) -> Stats {
+        let stats = self.inner.stats();
+        self.log.borrow_mut().push(Call::Stats(stats));
+        stats
+    }
+}
+
+/// Runs `scenario` through `make`'s cache and answers the driver's verdict
+/// and the log of every call.
+fn record<C: Cache>(scenario: &Scenario, make: impl FnOnce(ShardConfig) -> C) -> (Result<(), testing::Violation>, Vec<Call>) {
+    let log = Rc::new(RefCell::new(Vec::new()));
+    let verdict = testing::run(scenario, |config| Recording { inner: make(config), log: Rc::clone(&log) });
+    let calls = log.take();
+    (verdict, calls)
+}
+
+fn differential(scenario: &Scenario) -> Result<(), TestCaseError> {
+    let (native_verdict, native) = record(scenario, Shard::new);
+    let (component_verdict, component) = record(scenario, Component::new);
+    if let Some(index) = native.iter().zip(&component).position(|(a, b)| a != b) {
+        let context = index.saturating_sub(3)..index;
+        return Err(TestCaseError::fail(format!(
+            "call {index} differs\n  native:    {:?}\n  component: {:?}\n  after: {:#?}",
+            native[index], component[index], &native[context]
+        )));
+    }
+    prop_assert_eq!(native.len(), component.len(), "one log is a prefix of the other");
+    prop_assert_eq!(native_verdict, component_verdict);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config(128))]
+
+    /// The component is the native core: the same calls get the same plans,
+    /// admissions, hydration results and stats, call by call.
+    #[test]
+    fn the_component_answers_exactly_as_the_native_core(scenario in testing::scenario()) {
+        differential(&scenario)?;
+    }
+}
+
+/// Runs `check` against a fresh native shard and a fresh component, each
+/// recorded, and compares the two logs.
+fn compare_on(check: impl Fn(&mut dyn Cache)) {
+    let log_native = Rc::new(RefCell::new(Vec::new()));
+    let log_component = Rc::new(RefCell::new(Vec::new()));
+    check(&mut Recording { inner: Shard::new(window::CONFIG), log: Rc::clone(&log_native) });
+    check(&mut Recording { inner: Component::new(window::CONFIG), log: Rc::clone(&log_component) });
+    let (native, component) = (log_native.take(), log_component.take());
+    if let Some(index) = native.iter().zip(&component).position(|(a, b)| a != b) {
+        panic!("call {index} differs\n  native:    {:?}\n  component: {:?}", native[index], component[index]);
+    }
+    assert_eq!(native.len(), component.len());
+}
+
+/// The differential run on the event-window workloads too: large segments,
+/// sealed blocks, expiring generations.
+#[test]
+fn the_component_matches_the_native_core_on_the_window_workloads() {
+    compare_on(|cache| window::window_semantics(&mut Dyn(cache)));
+    compare_on(|cache| {
+        window::memory_bounded_by_rate_times_window(&mut Dyn(cache));
+    });
+}
+
+/// A sized handle on a `dyn Cache`, for the generic checks.
+struct Dyn<'a>(&'a mut dyn Cache);
+
+impl Cache for Dyn<'_> {
+    fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
+        self.0.plan(now_ms, segments)
+    }
+
+    fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
+        self.0.record_commits(now_ms, commits);
+    }
+
+    fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
+        self.0.admit(now_ms, partition, window_ms, estimate_hashes)
+    }
+
+    fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
+        self.0.hydrate(now_ms, hydration)
+    }
+
+    fn expire(&mut self, now_ms: Millis) {
+        self.0.expire(now_ms);
+    }
+
+    fn forget(&mut self, partition: PartitionId) {
+        self.0.forget(partition);
+    }
+
+    fn stats(&mut self) -> Stats {
+        self.0.stats()
+    }
+}
