@@ -2,3 +2,4 @@
 //! the built component, and gateway processes.
 
 pub mod pg;
+pub mod trace;
