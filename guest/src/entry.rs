@@ -101,10 +101,11 @@ impl Entry {
         let hydrated_from = rows.first().map_or(last_offset, |first| first.base_offset - 1);
         let mut entry =
             Entry { window_ms, hydrated_from, verified_upto: last_offset, condition: Condition::Vouching, ring: Ring::default() };
+        let total: usize = rows.iter().map(|row| row.hashes.len() / hash::HASH_LEN).sum();
         for row in rows {
             let decoded = hash::decode_into(row.hashes, &mut workspace.hashes);
             assert!(decoded, "validated above");
-            entry.ring.append(row.base_offset, row.created_ms, &workspace.hashes);
+            entry.ring.append_sized(row.base_offset, row.created_ms, &workspace.hashes, total);
         }
         debug_assert!(entry.hydrated_from <= entry.verified_upto);
         Ok(entry)

@@ -75,12 +75,20 @@ impl Ring {
     /// Appends hashes committed at the contiguous offsets `first_offset..`,
     /// which must lie above every offset already appended.
     pub fn append(&mut self, first_offset: Offset, created_ms: Millis, hashes: &[Hash]) {
+        self.append_sized(first_offset, created_ms, hashes, 0);
+    }
+
+    /// [`Ring::append`], sizing new generations as if the ring already held
+    /// at least `expected` hashes. A hydration passes the window's total, so
+    /// that a rebuilt entry gets the few large generations a steadily grown
+    /// one would have, not a staircase of small ones to probe.
+    pub fn append_sized(&mut self, first_offset: Offset, created_ms: Millis, hashes: &[Hash], expected: usize) {
         debug_assert!(self.generations.back().is_none_or(|newest| newest.max_offset() < first_offset));
         let mut offset = first_offset;
         let mut rest = hashes;
         while !rest.is_empty() {
             if self.generations.back().is_none_or(|newest| newest.room() == 0) {
-                self.generations.push_back(Generation::new(capacity_for(self.held)));
+                self.generations.push_back(Generation::new(capacity_for(self.held.max(expected))));
             }
             let newest = self.generations.back_mut().expect("just ensured");
             let (now, later) = rest.split_at(rest.len().min(newest.room()));
@@ -166,6 +174,16 @@ mod tests {
         assert_eq!(capacity_for(160_000), 262_144);
         assert_eq!(capacity_for(4 * 262_144 + 4), 1_048_576);
         assert_eq!(capacity_for(50_000_000), 1_048_576);
+    }
+
+    #[test]
+    fn a_sized_append_starts_with_the_generations_of_its_total() {
+        let mut ring = Ring::default();
+        let all = hashes(2, 65_536);
+        ring.append_sized(0, 7, &all, all.len());
+        let capacities: Vec<usize> = ring.generations.iter().map(Generation::capacity).collect();
+        assert_eq!(capacities, [32_768, 32_768]);
+        assert_eq!(ring.held(), all.len());
     }
 
     #[test]
