@@ -121,6 +121,7 @@ DECLARE
     v_l bigint;
     v_s bigint;
     v_pid bigint;
+    v_base bigint;
     v_count integer;
     v_hashes bytea;
     v_window integer;
@@ -218,32 +219,42 @@ BEGIN
                 v_probe := 'skipped';
             ELSE
                 v_probe := CASE WHEN v_pv >= v_start[k] THEN 'narrowed' ELSE 'full' END;
+                -- The planner prices the probe by guesswork (it cannot know
+                -- how many hashes a row holds) and would JIT-compile it on a
+                -- large window: 150-250 ms of compiling for a query that
+                -- needs less. (Transaction-local; this call is the
+                -- transaction.)
+                PERFORM set_config('jit', 'off', true);
+                -- Up to 4 hashes: a byte search per row costs far less than
+                -- unnesting the row. It only preselects rows; the aligned
+                -- comparison below decides. Absent ones are NULL, and a NULL
+                -- needle is never searched for.
+                v_h1 := NULL; v_h2 := NULL; v_h3 := NULL; v_h4 := NULL;
                 IF v_count <= 4 THEN
                     v_h1 := substring(v_hashes FROM 1 FOR 16);
-                    v_h2 := CASE WHEN v_count >= 2 THEN substring(v_hashes FROM 17 FOR 16) ELSE v_h1 END;
-                    v_h3 := CASE WHEN v_count >= 3 THEN substring(v_hashes FROM 33 FOR 16) ELSE v_h1 END;
-                    v_h4 := CASE WHEN v_count >= 4 THEN substring(v_hashes FROM 49 FOR 16) ELSE v_h1 END;
+                    IF v_count >= 2 THEN v_h2 := substring(v_hashes FROM 17 FOR 16); END IF;
+                    IF v_count >= 3 THEN v_h3 := substring(v_hashes FROM 33 FOR 16); END IF;
+                    IF v_count >= 4 THEN v_h4 := substring(v_hashes FROM 49 FOR 16); END IF;
                 END IF;
                 SELECT array_agg(d.idx ORDER BY d.idx),
                        array_agg(d.off ORDER BY d.idx),
                        array_agg(o.mid ORDER BY d.idx)
                   INTO v_idx, v_off, v_mid
                   FROM (SELECT ih.idx, min(t.base_offset + th.idx) AS off
-                          FROM (SELECT t0.base_offset,
-                                       -- detoast once per row, not once per hash
-                                       t0.hashes || '\x'::bytea AS hashes
-                                  FROM stile.txns t0
-                                 WHERE t0.partition_id = v_pid
-                                   AND t0.end_offset > v_from
-                                   AND t0.created_at >= v_now - make_interval(secs => v_window)
-                                   -- Up to 4 hashes: a byte search per row costs far
-                                   -- less than unnesting the row. It only preselects
-                                   -- rows; the aligned comparison below decides.
-                                   AND (v_count > 4
-                                        OR position(v_h1 IN t0.hashes) > 0
-                                        OR position(v_h2 IN t0.hashes) > 0
-                                        OR position(v_h3 IN t0.hashes) > 0
-                                        OR position(v_h4 IN t0.hashes) > 0)
+                          FROM (SELECT t1.base_offset, t1.hashes
+                                  FROM (SELECT t0.base_offset,
+                                               -- detoasted once per row, not once per use
+                                               t0.hashes || '\x'::bytea AS hashes
+                                          FROM stile.txns t0
+                                         WHERE t0.partition_id = v_pid
+                                           AND t0.end_offset > v_from
+                                           AND t0.created_at >= v_now - make_interval(secs => v_window)
+                                        OFFSET 0) AS t1
+                                 WHERE v_count > 4
+                                    OR position(v_h1 IN t1.hashes) > 0
+                                    OR position(v_h2 IN t1.hashes) > 0
+                                    OR position(v_h3 IN t1.hashes) > 0
+                                    OR position(v_h4 IN t1.hashes) > 0
                                 OFFSET 0) AS t
                          CROSS JOIN LATERAL stile.unnest_hashes(t.hashes) AS th
                           JOIN stile.unnest_hashes(v_hashes) AS ih ON ih.h = th.h
@@ -268,7 +279,7 @@ BEGIN
             dup_off := v_off;
             dup_ids := v_mid;
         ELSE
-            base_offset := v_last[k] + 1;
+            v_base := v_last[k] + 1;
             v_last[k] := v_last[k] + v_count;
             -- One statement with scalar parameters only: PL/pgSQL settles on
             -- a generic plan for it, so nothing is planned per call.
@@ -277,13 +288,14 @@ BEGIN
             ), segment AS (
                 INSERT INTO stile.segments
                        (partition_id, base_offset, end_offset, created_at, message_ids, transaction_ids, payloads)
-                VALUES (v_pid, base_offset, v_last[k], v_now,
+                VALUES (v_pid, v_base, v_last[k], v_now,
                         p_message_ids[v_msg : v_msg + v_count - 1],
                         p_transaction_ids[v_msg : v_msg + v_count - 1],
                         p_payloads[v_msg : v_msg + v_count - 1])
             )
             INSERT INTO stile.txns (partition_id, base_offset, end_offset, created_at, hashes)
-            VALUES (v_pid, base_offset, v_last[k], v_now, v_hashes);
+            VALUES (v_pid, v_base, v_last[k], v_now, v_hashes);
+            base_offset := v_base;
             -- Rounded up: a cache that expires hashes by this time never
             -- expires one before SQL would.
             created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
@@ -488,6 +500,7 @@ RETURNS TABLE (
     created_ms bigint
 )
 LANGUAGE plpgsql STABLE
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -547,6 +560,7 @@ RETURNS TABLE (
     hashes bytea
 )
 LANGUAGE sql STABLE
+SET jit = off  -- an index range scan: compiling it would cost more than it saves
 AS $$
     SELECT p.last_offset, p.txns_start, t.base_offset, t.end_offset,
            ceil(extract(epoch FROM t.created_at) * 1000)::bigint, t.hashes
