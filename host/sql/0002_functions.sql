@@ -138,6 +138,9 @@ DECLARE
     v_h3 bytea;
     v_h4 bytea;
 BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
     IF coalesce(cardinality(p_verified), 0) <> v_n
        OR coalesce(cardinality(p_planned_windows), 0) <> v_n
        OR coalesce(cardinality(p_counts), 0) <> v_n

@@ -252,6 +252,9 @@ async fn malformed_bundles_are_refused_whole() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
     assert!(t.db.push_bundle(&[]).await.unwrap().is_empty());
+    let c = t.client().await;
+    let rows = c.query("SELECT * FROM stile.push('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", &[]).await.unwrap();
+    assert!(rows.is_empty());
 
     let mut bad = segment(p.id, &["a", "b"], -1, 3600);
     bad.hashes.truncate(20);
@@ -261,7 +264,6 @@ async fn malformed_bundles_are_refused_whole() {
     let e = t.db.push_bundle(&[segment(p.id, &["a"], -1, 3600), segment(p.id + 1000, &["b"], -1, 3600)]).await.unwrap_err();
     assert!(!e.is_unavailable(), "{e}");
     assert!(e.to_string().contains("unknown partition"), "{e}");
-    let c = t.client().await;
     assert_eq!(partition_state(&c, p.id).await, (-1, 0, 0, 0));
 
     // Names the schema refuses: empty, too long, with control characters.
