@@ -128,6 +128,7 @@ pub fn spawn(
         requests: HashMap::new(),
         next_request: 0,
         last_now: 0,
+        clock_lead_ms: 0,
         in_flight: FuturesUnordered::new(),
     };
     let task = tokio::spawn(worker.run(rx));
@@ -145,6 +146,10 @@ struct Worker {
     next_request: u64,
     /// The latest `now` given to the cache, which requires it monotone.
     last_now: Millis,
+    /// How far this host's clock was last seen ahead of PostgreSQL's
+    /// (`created_ms` of a commit against the host's clock when it came back;
+    /// the round trip only adds to it, which errs on the safe side).
+    clock_lead_ms: Millis,
     in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
 }
 
@@ -339,6 +344,7 @@ impl Worker {
             partition.observe_window(window_seconds, Instant::now());
             match outcome {
                 SegmentOutcome::Committed { base_offset, created_ms, .. } => {
+                    self.clock_lead_ms = now_ms().saturating_sub(created_ms).max(0);
                     commits.push((partition_id, base_offset, created_ms, segment.hashes));
                     for (i, slot) in segment.slots.into_iter().enumerate() {
                         let offset = base_offset + i64::try_from(i).expect("segments are bounded");
@@ -491,8 +497,12 @@ impl Worker {
 
     /// The wall clock, held monotone: a clock stepped backwards repeats the
     /// last instant rather than moving the cache's time back.
+    ///
+    /// The cache expires by this clock while PostgreSQL probes by its own, so
+    /// a host clock running ahead is pulled back by the lead last observed:
+    /// expiry then never runs ahead of the database's window.
     fn now(&mut self) -> Millis {
-        self.last_now = self.last_now.max(now_ms());
+        self.last_now = self.last_now.max(now_ms() - self.clock_lead_ms);
         self.last_now
     }
 
