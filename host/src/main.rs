@@ -33,7 +33,8 @@ struct ServeArgs {
     /// Cache shards (each one worker and one component instance). Default: the cores.
     #[arg(long, env = "STILE_SHARDS")]
     shards: Option<usize>,
-    /// Cache budget in MiB, shared across shards.
+    /// Cache budget in MiB, shared across shards; 0 disables the cache (every
+    /// segment is then probed in full).
     #[arg(long, env = "STILE_DEDUP_CACHE_MB", default_value_t = 512)]
     cache_mb: u64,
     /// Which engine runs the cache.

@@ -43,7 +43,9 @@ pub struct ServeConfig {
 /// Runs the gateway until `shutdown` resolves, then stops accepting, lets
 /// in-flight requests and flushes finish, and returns.
 pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let db = Db::connect(&config.database_url, config.pool_size).await?;
+    let db = Db::connect(&config.database_url, config.pool_size)
+        .await
+        .with_context(|| format!("connect to the database {}", redacted_url(&config.database_url)))?;
     db.migrate().await.with_context(|| format!("migrate the schema in {}", db.redacted_url()))?;
     let metrics = Arc::new(Metrics::new());
     let engine = match config.engine {
@@ -61,7 +63,10 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     let mut workers = Vec::with_capacity(shards);
     for id in 0..shards {
         let cache = ShardCache::new(config.engine, engine.as_ref(), cache_config)?;
-        let (handle, worker) = shard::spawn(id, cache, db.clone(), metrics.clone(), ShardConfig::default());
+        // A budget of 0 disables the cache: the guest's recent-use guard
+        // would otherwise keep every busy partition's entry past it.
+        let shard_config = ShardConfig { hydrate: config.cache_mb > 0, ..ShardConfig::default() };
+        let (handle, worker) = shard::spawn(id, cache, db.clone(), metrics.clone(), shard_config);
         handles.push(handle);
         workers.push(worker);
     }
@@ -83,6 +88,15 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     }
     tracing::info!("stile stopped");
     Ok(())
+}
+
+/// The connection string as the gateway resolves it, password hidden, for
+/// error messages (an unparsable one is already redacted by the error itself).
+fn redacted_url(url: &str) -> String {
+    match crate::db::pg_config(url) {
+        Ok(config) => crate::db::config_to_url(&config, false),
+        Err(_) => "(unparsable connection string)".to_owned(),
+    }
 }
 
 async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {

@@ -69,11 +69,15 @@ pub struct ShardConfig {
     pub max_in_flight: usize,
     /// How often idle partitions are expired and gauges published.
     pub housekeeping: Duration,
+    /// Whether partitions are hydrated into the cache. Off (`--cache-mb 0`),
+    /// no cache entry is ever born: the cache never vouches, and every
+    /// segment is probed in full.
+    pub hydrate: bool,
 }
 
 impl Default for ShardConfig {
     fn default() -> ShardConfig {
-        ShardConfig { max_segment: 4096, max_in_flight: 4, housekeeping: Duration::from_secs(1) }
+        ShardConfig { max_segment: 4096, max_in_flight: 4, housekeeping: Duration::from_secs(1), hydrate: true }
     }
 }
 
@@ -399,7 +403,7 @@ impl Worker {
     /// Runs the admission gate and, if it admits, a full-window hydration.
     fn maybe_hydrate(&mut self, now: Millis, partition_id: i64, window_seconds: i32) {
         let Some(partition) = self.partitions.get_mut(&partition_id) else { return };
-        if partition.busy {
+        if partition.busy || !self.config.hydrate {
             return;
         }
         // The shard keeps its own footprint hints; with none, an unknown

@@ -1,5 +1,7 @@
 //! Shared harness of stile's integration tests: fresh PostgreSQL databases,
 //! the built component, and gateway processes.
 
+pub mod checker;
+pub mod gateway;
 pub mod pg;
 pub mod trace;

@@ -1,0 +1,140 @@
+//! The exactness checker, long form: producers push through several gateway
+//! processes on one database while gateways are killed with `kill -9` and
+//! restarted, PostgreSQL is restarted, one gateway traps guest calls, one has
+//! a tiny cache budget, and the window is shortened and lengthened; then every
+//! answer is checked against PostgreSQL. Exits 1 on any violation.
+//!
+//! ```text
+//! cargo build --release -p stile
+//! cargo run --release -p stile-tests --bin checker -- --seconds 300
+//! ```
+//!
+//! Options (defaults in brackets):
+//!   --seconds N            how long producers push [300]
+//!   --seed N               the workload's seed [fixed]
+//!   --producers N          producer tasks [8]
+//!   --rate R               requests per second per producer [40]
+//!   --partitions N         partitions of the queue [128]
+//!   --hot-partitions N     new ids go to a group of this many, 0 for all [8]
+//!   --hot-phase-ms N       the group moves on this often [2000]
+//!   --max-batch N          items per request, at most [8]
+//!   --repeat-percent N     items re-sending an earlier id [15]
+//!   --shared-percent N     items with ids shared between producers [4]
+//!   --gateways N           2 or 3: g0 traps guest calls, g1 has a tiny cache, g2 is plain [3]
+//!   --traps-per-million N  g0's injected guest traps [20000]
+//!   --tiny-cache-mb N      g1's cache budget [1]
+//!   --tiny-shards N        g1's shards, sharing that budget [32]
+//!   --kill-every S         kill -9 a gateway this often, 0 for never [20]
+//!   --kill-downtime-ms N   how long a killed gateway stays down [1000]
+//!   --pg-restart-every S   restart PostgreSQL this often, 0 for never [60]
+//!   --short-window S       the short window, 0 for no window change [3]
+//!   --database-url URL     use this database (default: a fresh one on
+//!                          STILE_TEST_DATABASE_URL's server, dropped at the end)
+//!
+//! The PostgreSQL restart is `pg_ctlcluster --skip-systemctl-redirect VERSION
+//! NAME restart` of the cluster that listens on the database's port: it
+//! disturbs everything else that uses that cluster.
+
+use std::time::Duration;
+
+use stile_tests::checker::{self, Config, Faults, GatewaySpec, ShortWindow};
+use stile_tests::pg::TestDb;
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut options = std::collections::HashMap::new();
+    let mut i = 0;
+    while i < args.len() {
+        let Some(name) = args[i].strip_prefix("--") else {
+            eprintln!("checker: unexpected argument {:?} (see the doc comment of tests/src/bin/checker.rs)", args[i]);
+            return std::process::ExitCode::from(2);
+        };
+        let Some(value) = args.get(i + 1) else {
+            eprintln!("checker: --{name} needs a value");
+            return std::process::ExitCode::from(2);
+        };
+        options.insert(name.to_owned(), value.clone());
+        i += 2;
+    }
+    let known = [
+        "seconds",
+        "seed",
+        "producers",
+        "rate",
+        "partitions",
+        "hot-partitions",
+        "hot-phase-ms",
+        "tiny-shards",
+        "max-batch",
+        "repeat-percent",
+        "shared-percent",
+        "gateways",
+        "traps-per-million",
+        "tiny-cache-mb",
+        "kill-every",
+        "kill-downtime-ms",
+        "pg-restart-every",
+        "short-window",
+        "database-url",
+    ];
+    if let Some(unknown) = options.keys().find(|k| !known.contains(&k.as_str())) {
+        eprintln!("checker: unknown option --{unknown}");
+        return std::process::ExitCode::from(2);
+    }
+    let number = |name: &str, default: f64| -> f64 {
+        options.get(name).map_or(default, |v| v.parse().unwrap_or_else(|e| panic!("--{name} {v}: {e}")))
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+    runtime.block_on(async {
+        let test_db = match options.get("database-url") {
+            Some(_) => None,
+            None => Some(TestDb::new().await),
+        };
+        let url = options.get("database-url").cloned().unwrap_or_else(|| test_db.as_ref().expect("created").url());
+        let seconds = number("seconds", 300.0);
+        let mut config = Config::new(&url, Duration::from_secs_f64(seconds));
+        if let Some(seed) = options.get("seed") {
+            config.seed = seed.parse().unwrap_or_else(|e| panic!("--seed {seed}: {e}"));
+        }
+        config.producers = number("producers", 8.0) as usize;
+        config.rate = number("rate", 40.0);
+        config.partitions = number("partitions", 128.0) as usize;
+        config.hot_partitions = number("hot-partitions", 8.0) as usize;
+        config.hot_phase = Duration::from_millis(number("hot-phase-ms", 2000.0) as u64);
+        config.max_batch = number("max-batch", 8.0) as usize;
+        config.repeat_percent = number("repeat-percent", 15.0) as u32;
+        config.shared_percent = number("shared-percent", 4.0) as u32;
+        config.long_window_seconds = 3600.max(seconds as i32 * 2);
+        let mut gateways = vec![
+            GatewaySpec::traps("g0-traps", number("traps-per-million", 20_000.0) as u32),
+            GatewaySpec::tiny_cache("g1-tiny", number("tiny-cache-mb", 1.0) as u64, number("tiny-shards", 32.0) as usize),
+            GatewaySpec::plain("g2"),
+        ];
+        gateways.truncate((number("gateways", 3.0) as usize).clamp(2, 3));
+        config.gateways = gateways;
+        let kill_every = number("kill-every", 20.0);
+        let pg_every = number("pg-restart-every", 60.0);
+        let short = number("short-window", 3.0);
+        config.faults = Faults {
+            kill_every: (kill_every > 0.0).then(|| Duration::from_secs_f64(kill_every)),
+            kill_downtime: Duration::from_millis(number("kill-downtime-ms", 1000.0) as u64),
+            pg_restart_every: (pg_every > 0.0).then(|| Duration::from_secs_f64(pg_every)),
+            short_window: (short > 0.0).then_some(ShortWindow { seconds: short as i32, from: 0.4, to: 0.6 }),
+            ..Faults::default()
+        };
+        let report = match checker::run(&config).await {
+            Ok(report) => report,
+            Err(error) => {
+                eprintln!("checker: {error:#}");
+                return std::process::ExitCode::from(2);
+            }
+        };
+        println!("{report}");
+        drop(test_db);
+        if report.violations.is_empty() && report.unexpected_exits.is_empty() && report.fault_errors.is_empty() {
+            std::process::ExitCode::SUCCESS
+        } else {
+            std::process::ExitCode::FAILURE
+        }
+    })
+}

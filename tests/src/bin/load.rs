@@ -1,0 +1,555 @@
+//! HTTP load generator for the `stile` gateway: many connections pushing
+//! batches to many partitions, with retries, into a window that already
+//! holds a million hashes; several gateway configurations side by side.
+//!
+//! ```text
+//! cargo build --release -p stile -p stile-tests --bin stile --bin load
+//! ./target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] \
+//!     [--sizes 1,10,100] [--warmup 2] [--secs 10] [--retry-percent 10] \
+//!     [--configs warm,native,off,cold] [--sync off|on] [--client-threads 1]
+//! ```
+//!
+//! The database is a fresh `stile_t_<random>` on the server named by
+//! `STILE_TEST_DATABASE_URL` (default: libpq's defaults), dropped at the end;
+//! the gateway binary (found as the tests find it, or `$STILE_BIN`) creates
+//! its schema. It is prepared once: queue `load` with `--partitions` partitions holding
+//! `--prefill` messages between them (real segments and txns rows, written
+//! through SQL in rows of 4,096, all inside the window of an hour). Before
+//! each configuration the database is put back to that state (what the
+//! previous one pushed is deleted, the allocators reset, the tables
+//! vacuumed), and a fresh gateway process is started:
+//!
+//! * `warm`:   dedup on, wasm engine, default cache (512 MiB);
+//! * `native`: dedup on, native engine;
+//! * `off`:    the queue's window set to 0 (no probe; txns still written);
+//! * `cold`:   dedup on, wasm engine, `--cache-mb 0`: no partition is
+//!   admitted to the cache, so every segment is probed in full.
+//!
+//! For every batch size, `--conns` connections push for `--warmup` seconds
+//! and then for `--secs` measured seconds. Each request goes to one random
+//! partition. `--retry-percent` of the requests re-send an earlier request of
+//! the same connection byte for byte (same partition, ids and payloads): with
+//! dedup on, every item of a retry must answer `duplicate` and every item of
+//! a fresh request `queued`; anything else is counted as a wrong answer.
+//! Throughput counts every answered item (retries included); latency is per
+//! request, from sending it to the end of its response body.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::Method;
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
+use serde_json::json;
+use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
+use stile_tests::pg::TestDb;
+
+const QUEUE: &str = "load";
+/// Items per prefill request, and connections pushing them.
+const PREFILL_BATCH: usize = 10_000;
+const PREFILL_CONNECTIONS: usize = 8;
+/// Requests a connection remembers for retries.
+const HISTORY: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Config {
+    Warm,
+    Native,
+    Off,
+    Cold,
+}
+
+impl Config {
+    fn parse(s: &str) -> Config {
+        match s {
+            "warm" => Config::Warm,
+            "native" => Config::Native,
+            "off" => Config::Off,
+            "cold" => Config::Cold,
+            other => panic!("unknown configuration {other:?} (warm, native, off, cold)"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Config::Warm => "warm (wasm)",
+            Config::Native => "warm (native)",
+            Config::Off => "dedup off (window 0)",
+            Config::Cold => "cache off (--cache-mb 0)",
+        }
+    }
+
+    fn dedup(self) -> bool {
+        self != Config::Off
+    }
+
+    fn options(self) -> GatewayOptions {
+        GatewayOptions {
+            engine: Some(if self == Config::Native { "native" } else { "wasm" }),
+            cache_mb: (self == Config::Cold).then_some(0),
+            pool_size: Some(16),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Args {
+    conns: usize,
+    partitions: usize,
+    prefill: usize,
+    sizes: Vec<usize>,
+    warmup: f64,
+    secs: f64,
+    retry_percent: u32,
+    configs: Vec<Config>,
+    sync: bool,
+    client_threads: usize,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        conns: 32,
+        partitions: 64,
+        prefill: 1_000_000,
+        sizes: vec![1, 10, 100],
+        warmup: 2.0,
+        secs: 10.0,
+        retry_percent: 10,
+        configs: vec![Config::Warm, Config::Native, Config::Off, Config::Cold],
+        sync: false,
+        client_threads: 1,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let number =
+        |flag: &str, v: &str| -> f64 { v.replace('_', "").parse().unwrap_or_else(|_| panic!("{flag}: not a number: {v:?}")) };
+    let mut i = 0;
+    while i < argv.len() {
+        let flag = argv[i].as_str();
+        if flag == "--help" || flag == "-h" {
+            println!(
+                "load [--conns 32] [--partitions 64] [--prefill 1000000] [--sizes 1,10,100] [--warmup 2] [--secs 10] \
+                 [--retry-percent 10] [--configs warm,native,off,cold] [--sync off|on] [--client-threads 1]"
+            );
+            std::process::exit(0);
+        }
+        let v = argv.get(i + 1).map(String::as_str).unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag {
+            "--conns" => a.conns = number(flag, v) as usize,
+            "--partitions" => a.partitions = number(flag, v) as usize,
+            "--prefill" => a.prefill = number(flag, v) as usize,
+            "--sizes" => a.sizes = v.split(',').map(|s| number(flag, s) as usize).collect(),
+            "--warmup" => a.warmup = number(flag, v),
+            "--secs" => a.secs = number(flag, v),
+            "--retry-percent" => a.retry_percent = number(flag, v) as u32,
+            "--configs" => a.configs = v.split(',').map(Config::parse).collect(),
+            "--sync" => a.sync = v == "on",
+            "--client-threads" => a.client_threads = number(flag, v) as usize,
+            other => panic!("unknown argument {other:?} (try --help)"),
+        }
+        i += 2;
+    }
+    assert!(a.conns > 0 && a.partitions > 0 && !a.sizes.is_empty() && a.secs > 0.0, "nothing to run: {a:?}");
+    a
+}
+
+fn main() {
+    let args = parse_args();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.client_threads.max(1))
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(run(args));
+}
+
+/// The prepared database: the queue's partitions and their prefilled last offsets.
+struct Prepared {
+    partition_ids: Vec<i64>,
+    prefill_last: Vec<i64>,
+}
+
+async fn prepare(t: &TestDb, args: &Args) -> Prepared {
+    let c = t.client().await;
+    let sync = if args.sync { "on" } else { "off" };
+    c.batch_execute(&format!("ALTER DATABASE \"{}\" SET synchronous_commit = {sync}", t.name()))
+        .await
+        .expect("set synchronous_commit");
+    // The gateway owns its schema: the binary under test creates it, and the
+    // prefill goes through it, in batches of 10,000 (the default --max-items).
+    let gw = Gateway::start(&t.url()).await;
+    let per_partition = args.prefill.div_ceil(args.partitions);
+    let mut batches: Vec<(usize, usize, usize)> = Vec::new();
+    for p in 0..args.partitions {
+        for from in (0..per_partition).step_by(PREFILL_BATCH) {
+            batches.push((p, from, (from + PREFILL_BATCH).min(per_partition)));
+        }
+    }
+    let mut tasks = Vec::new();
+    for k in 0..PREFILL_CONNECTIONS {
+        let mut client = gw.client().await;
+        let mine: Vec<(usize, usize, usize)> = batches.iter().copied().skip(k).step_by(PREFILL_CONNECTIONS).collect();
+        tasks.push(tokio::spawn(async move {
+            for (p, from, to) in mine {
+                let items = (from..to)
+                    .map(|i| {
+                        json!({"queue": QUEUE, "partition": format!("p{p}"), "transactionId": format!("prefill-p{p}-{i}"),
+                               "payload": {"order": i, "amount": 99.5, "currency": "EUR"}})
+                    })
+                    .collect();
+                let answers = client.push(items).await;
+                assert!(answers.iter().all(|a| a.queued()), "the prefill ids are new");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("a prefill connection");
+    }
+    drop(gw);
+    let rows = c
+        .query("SELECT id, last_offset FROM stile.partitions WHERE queue = $1 ORDER BY substr(name, 2)::integer", &[&QUEUE])
+        .await
+        .expect("read the partitions");
+    assert_eq!(rows.len(), args.partitions);
+    c.batch_execute("VACUUM ANALYZE stile.segments, stile.txns, stile.partitions, stile.queues").await.expect("vacuum");
+    Prepared { partition_ids: rows.iter().map(|r| r.get(0)).collect(), prefill_last: rows.iter().map(|r| r.get(1)).collect() }
+}
+
+/// Puts the database back to its prepared state.
+async fn reset(t: &TestDb, prepared: &Prepared) {
+    let c = t.client().await;
+    let (ids, last) = (&prepared.partition_ids, &prepared.prefill_last);
+    for sql in [
+        "DELETE FROM stile.segments s USING unnest($1::bigint[], $2::bigint[]) AS u(id, last) \
+          WHERE s.partition_id = u.id AND s.base_offset > u.last",
+        "DELETE FROM stile.txns x USING unnest($1::bigint[], $2::bigint[]) AS u(id, last) \
+          WHERE x.partition_id = u.id AND x.base_offset > u.last",
+        "UPDATE stile.partitions p SET last_offset = u.last FROM unnest($1::bigint[], $2::bigint[]) AS u(id, last) \
+          WHERE p.id = u.id",
+    ] {
+        c.execute(sql, &[ids, last]).await.expect("reset the database");
+    }
+    c.batch_execute("VACUUM ANALYZE stile.segments, stile.txns, stile.partitions").await.expect("vacuum");
+}
+
+async fn set_window(t: &TestDb, seconds: i64) {
+    let mut options = serde_json::Map::new();
+    options.insert("dedupWindowSeconds".into(), json!(seconds));
+    t.db.configure(QUEUE, &options, stile::db::ConfigureMode::Merge).await.expect("configure the window");
+}
+
+/// What one connection saw in the measured interval.
+#[derive(Debug, Default)]
+struct Tally {
+    requests: u64,
+    items: u64,
+    retries: u64,
+    queued: u64,
+    duplicates: u64,
+    wrong: u64,
+    errors: u64,
+    latencies_us: Vec<u32>,
+}
+
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.requests += other.requests;
+        self.items += other.items;
+        self.retries += other.retries;
+        self.queued += other.queued;
+        self.duplicates += other.duplicates;
+        self.wrong += other.wrong;
+        self.errors += other.errors;
+        self.latencies_us.extend(other.latencies_us);
+    }
+}
+
+/// One connection's loop: fresh batches and retries until `end`; only
+/// requests sent at or after `measure_from` and answered by `end` count.
+#[allow(clippy::too_many_arguments)]
+async fn connection(
+    mut client: Client,
+    tag: String,
+    partitions: usize,
+    size: usize,
+    retry_percent: u32,
+    dedup: bool,
+    measure_from: Instant,
+    end: Instant,
+) -> Tally {
+    let mut rng = SmallRng::seed_from_u64(tag.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))));
+    let mut history: Vec<Bytes> = Vec::with_capacity(HISTORY);
+    let mut tally = Tally::default();
+    let mut seq = 0u64;
+    let mut body = String::new();
+    loop {
+        let sent = Instant::now();
+        if sent >= end {
+            return tally;
+        }
+        let retry = !history.is_empty() && rng.random_range(0..100) < retry_percent;
+        let request = if retry {
+            history[rng.random_range(0..history.len())].clone()
+        } else {
+            let partition = rng.random_range(0..partitions);
+            body.clear();
+            body.push_str(r#"{"items":["#);
+            for i in 0..size {
+                if i > 0 {
+                    body.push(',');
+                }
+                let _ = write!(
+                    body,
+                    r#"{{"queue":"{QUEUE}","partition":"p{partition}","transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}}}"#
+                );
+            }
+            body.push_str("]}");
+            seq += 1;
+            Bytes::from(body.clone())
+        };
+        let reply = client.send(Method::POST, "/api/v1/push", request.clone(), &[("content-type", "application/json")]).await;
+        let done = Instant::now();
+        if !retry {
+            if history.len() < HISTORY {
+                history.push(request);
+            } else {
+                let slot = rng.random_range(0..HISTORY);
+                history[slot] = request;
+            }
+        }
+        if sent < measure_from || done > end {
+            continue;
+        }
+        match reply {
+            Ok(reply) if reply.status == 201 => {
+                let text = std::str::from_utf8(&reply.body).unwrap_or("");
+                let queued = text.matches(r#""status":"queued""#).count() as u64;
+                let duplicates = text.matches(r#""status":"duplicate""#).count() as u64;
+                tally.requests += 1;
+                tally.retries += u64::from(retry);
+                tally.items += queued + duplicates;
+                tally.queued += queued;
+                tally.duplicates += duplicates;
+                let expected_duplicates = if retry && dedup { size as u64 } else { 0 };
+                tally.wrong += u64::from(queued + duplicates != size as u64 || duplicates != expected_duplicates);
+                tally.latencies_us.push(u32::try_from(done.duration_since(sent).as_micros()).unwrap_or(u32::MAX));
+            }
+            Ok(reply) => {
+                tally.errors += 1;
+                if tally.errors <= 3 {
+                    eprintln!("  {tag}: HTTP {}: {}", reply.status, reply.text());
+                }
+            }
+            Err(error) => {
+                tally.errors += 1;
+                if tally.errors <= 3 {
+                    eprintln!("  {tag}: {error:#}");
+                }
+            }
+        }
+    }
+}
+
+/// One measured run's figures.
+#[derive(Debug, Default, Clone)]
+struct Figures {
+    rate: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    requests: u64,
+    retries: u64,
+    duplicates: u64,
+    wrong: u64,
+    errors: u64,
+    /// Segments by probe mode, during the measured interval.
+    probes: [f64; 4],
+    /// Cache hydrations during the measured interval.
+    hydrations: f64,
+    /// Mean time of one bundle's push function call.
+    sql_ms_per_bundle: f64,
+}
+
+/// Series read from /metrics before and after a measured run: the segments
+/// by probe mode, then hydrations and the SQL time of bundles.
+const SERIES: [&str; 8] = [
+    "stile_segments_total{probe=\"skipped\"}",
+    "stile_segments_total{probe=\"narrowed\"}",
+    "stile_segments_total{probe=\"full\"}",
+    "stile_segments_total{probe=\"off\"}",
+    "stile_hydrations_total{outcome=\"installed\"}",
+    "stile_hydrations_total{outcome=\"refused\"}",
+    "stile_sql_push_seconds_sum",
+    "stile_sql_push_seconds_count",
+];
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    f64::from(sorted[rank.clamp(1, sorted.len()) - 1]) / 1000.0
+}
+
+async fn series(client: &mut Client) -> [f64; 8] {
+    let text = client.metrics().await;
+    SERIES.map(|series| metric(&text, series))
+}
+
+async fn measure(gw: &Gateway, args: &Args, config: Config, label: &str, size: usize) -> Figures {
+    let mut clients = Vec::with_capacity(args.conns);
+    for _ in 0..args.conns {
+        clients.push(gw.client().await);
+    }
+    let mut observer = gw.client().await;
+    let start = Instant::now();
+    let measure_from = start + Duration::from_secs_f64(args.warmup);
+    let end = measure_from + Duration::from_secs_f64(args.secs);
+    let mut tasks = Vec::with_capacity(args.conns);
+    for (c, client) in clients.into_iter().enumerate() {
+        let tag = format!("{label}-s{size}-c{c}");
+        tasks.push(tokio::spawn(connection(
+            client,
+            tag,
+            args.partitions,
+            size,
+            args.retry_percent,
+            config.dedup(),
+            measure_from,
+            end,
+        )));
+    }
+    tokio::time::sleep_until(measure_from.into()).await;
+    let before = series(&mut observer).await;
+    let mut tally = Tally::default();
+    for task in tasks {
+        tally.merge(task.await.expect("a connection task"));
+    }
+    let after = series(&mut observer).await;
+    let delta: [f64; 8] = std::array::from_fn(|i| after[i] - before[i]);
+    tally.latencies_us.sort_unstable();
+    Figures {
+        rate: tally.items as f64 / args.secs,
+        p50_ms: percentile(&tally.latencies_us, 50.0),
+        p99_ms: percentile(&tally.latencies_us, 99.0),
+        requests: tally.requests,
+        retries: tally.retries,
+        duplicates: tally.duplicates,
+        wrong: tally.wrong,
+        errors: tally.errors,
+        probes: [delta[0], delta[1], delta[2], delta[3]],
+        hydrations: delta[4] + delta[5],
+        sql_ms_per_bundle: 1000.0 * delta[6] / delta[7].max(1.0),
+    }
+}
+
+async fn run(args: Args) {
+    let started = Instant::now();
+    eprintln!("load: {args:?}");
+    let t = fresh_database().await;
+    let prepare_started = Instant::now();
+    let prepared = prepare(&t, &args).await;
+    let per_partition = prepared.prefill_last[0] + 1;
+    eprintln!(
+        "prepared {} partitions x {per_partition} messages ({} hashes in the window) in {:.1} s",
+        args.partitions,
+        per_partition * args.partitions as i64,
+        prepare_started.elapsed().as_secs_f64()
+    );
+    let c = t.client().await;
+    let version: String = c.query_one("SHOW server_version", &[]).await.expect("server version").get(0);
+
+    let mut results: Vec<(Config, usize, Figures)> = Vec::new();
+    for (k, &config) in args.configs.iter().enumerate() {
+        if k > 0 {
+            reset(&t, &prepared).await;
+        }
+        if config == Config::Off {
+            set_window(&t, 0).await;
+        }
+        let gw = Gateway::start_with(&t.url(), &config.options()).await;
+        for &size in &args.sizes {
+            let figures = measure(&gw, &args, config, &format!("k{k}"), size).await;
+            eprintln!(
+                "  {:<26} batch {size:>3}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  ({} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle)",
+                config.name(),
+                figures.rate,
+                figures.p50_ms,
+                figures.p99_ms,
+                figures.requests,
+                figures.retries,
+                figures.duplicates,
+                figures.wrong,
+                figures.errors,
+                figures.probes,
+                figures.hydrations,
+                figures.sql_ms_per_bundle
+            );
+            results.push((config, size, figures));
+        }
+        drop(gw);
+        if config == Config::Off {
+            set_window(&t, 3600).await;
+        }
+    }
+
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!();
+    println!(
+        "stile over HTTP: {} connections, {} partitions, {} % retries, window prefilled with {} hashes, \
+         {:.0} s warm-up + {:.0} s measured per row, synchronous_commit={}, PostgreSQL {version}, {cpus} CPUs",
+        args.conns,
+        args.partitions,
+        args.retry_percent,
+        per_partition * args.partitions as i64,
+        args.warmup,
+        args.secs,
+        if args.sync { "on" } else { "off" },
+    );
+    println!();
+    println!(
+        "| configuration | batch | messages/s | p50 ms | p99 ms | requests | wrong answers | errors \
+         | segments skipped / narrowed / full / off | hydrations | SQL ms per bundle |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|");
+    for (config, size, f) in &results {
+        let [s, n, full, off] = f.probes;
+        println!(
+            "| {} | {size} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} |",
+            config.name(),
+            f.rate,
+            f.p50_ms,
+            f.p99_ms,
+            f.requests,
+            f.wrong,
+            f.errors,
+            f.hydrations,
+            f.sql_ms_per_bundle
+        );
+    }
+    let rate = |config: Config, size: usize| {
+        results.iter().find(|(c, s, _)| *c == config && *s == size).map_or(f64::NAN, |(_, _, f)| f.rate)
+    };
+    println!();
+    println!("| batch | warm / off (target >= 0.9) | warm / cache off (target >= 2) | wasm / native (target 0.9 - 1.1) |");
+    println!("|---:|---:|---:|---:|");
+    for &size in &args.sizes {
+        let warm = rate(Config::Warm, size);
+        println!(
+            "| {size} | {:.2} | {:.2} | {:.2} |",
+            warm / rate(Config::Off, size),
+            warm / rate(Config::Cold, size),
+            warm / rate(Config::Native, size)
+        );
+    }
+    let wrong: u64 = results.iter().map(|(_, _, f)| f.wrong).sum();
+    let errors: u64 = results.iter().map(|(_, _, f)| f.errors).sum();
+    println!();
+    println!(
+        "{wrong} wrong answers, {errors} errors (dedup on: fresh items queued, retried items duplicate; off: all queued); \
+         total run time {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    drop(c);
+    drop(t);
+}

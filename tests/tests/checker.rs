@@ -1,0 +1,38 @@
+//! The exactness checker, short form: three gateways on one database — one
+//! trapping 2 % of its guest calls, one with a 1 MiB cache budget, one plain —
+//! six producers with retries and repeats, a `kill -9` and restart every few
+//! seconds, and the window shortened and lengthened mid-run. Afterwards every
+//! answer is checked against PostgreSQL; there must be no violation.
+//!
+//! The PostgreSQL restart has a test binary of its own
+//! (`checker_pg_restart.rs`), so that it cannot disturb other tests.
+
+use std::time::Duration;
+
+use stile_tests::checker::{self, Config, Faults, GatewaySpec, ShortWindow};
+use stile_tests::pg::TestDb;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_under_kills_guest_traps_a_tiny_cache_and_window_changes() {
+    let t = TestDb::new().await;
+    let mut config = Config::new(&t.url(), Duration::from_secs(30));
+    config.gateways =
+        vec![GatewaySpec::traps("g0-traps", 20_000), GatewaySpec::tiny_cache("g1-tiny", 1, 32), GatewaySpec::plain("g2")];
+    config.faults = Faults {
+        kill_every: Some(Duration::from_secs(6)),
+        kill_downtime: Duration::from_millis(700),
+        short_window: Some(ShortWindow { seconds: 2, from: 0.3, to: 0.55 }),
+        ..Faults::default()
+    };
+    let report = checker::run(&config).await.expect("the checker runs");
+    println!("{report}");
+    assert!(report.violations.is_empty(), "violations:\n{report}");
+    assert!(report.unexpected_exits.is_empty(), "a gateway exited by itself:\n{report}");
+    assert!(report.fault_errors.is_empty(), "a fault could not be injected:\n{report}");
+    // The faults really happened and the workload really ran.
+    assert!(report.kills >= 3 && report.restarts >= report.kills, "{report}");
+    assert!(report.guest_traps > 0, "no guest trap was injected:\n{report}");
+    assert_eq!(report.window_changes.len(), 2, "{report}");
+    assert!(report.queued >= 2_000 && report.duplicate >= 200, "too little traffic:\n{report}");
+    assert!(report.retries > 0, "{report}");
+}
