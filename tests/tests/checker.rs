@@ -32,6 +32,7 @@ async fn exact_under_kills_guest_traps_a_tiny_cache_and_window_changes() {
     // The faults really happened and the workload really ran.
     assert!(report.kills >= 3 && report.restarts >= report.kills, "{report}");
     assert!(report.guest_traps > 0, "no guest trap was injected:\n{report}");
+    assert!(report.max_evictions + report.max_suppressed > 0, "the tiny budget never evicted nor suppressed:\n{report}");
     assert_eq!(report.window_changes.len(), 2, "{report}");
     assert!(report.queued >= 2_000 && report.duplicate >= 200, "too little traffic:\n{report}");
     assert!(report.retries > 0, "{report}");
