@@ -6,7 +6,8 @@
 //! cargo build --release -p stile -p stile-tests --bin stile --bin load
 //! ./target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] \
 //!     [--sizes 1,10,100] [--warmup 2] [--secs 10] [--retry-percent 10] \
-//!     [--configs warm,native,off,cold] [--sync off|on] [--client-threads 1]
+//!     [--configs warm,native,off,cold] [--sync off|on] [--client-threads 1] \
+//!     [--pg-set NAME=VALUE ...]
 //! ```
 //!
 //! The database is a fresh `stile_t_<random>` on the server named by
@@ -106,6 +107,8 @@ struct Args {
     configs: Vec<Config>,
     sync: bool,
     client_threads: usize,
+    /// Settings of the benchmark database (`ALTER DATABASE ... SET`).
+    pg_settings: Vec<(String, String)>,
 }
 
 fn parse_args() -> Args {
@@ -120,6 +123,7 @@ fn parse_args() -> Args {
         configs: vec![Config::Warm, Config::Native, Config::Off, Config::Cold],
         sync: false,
         client_threads: 1,
+        pg_settings: Vec::new(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let number =
@@ -130,7 +134,8 @@ fn parse_args() -> Args {
         if flag == "--help" || flag == "-h" {
             println!(
                 "load [--conns 32] [--partitions 64] [--prefill 1000000] [--sizes 1,10,100] [--warmup 2] [--secs 10] \
-                 [--retry-percent 10] [--configs warm,native,off,cold] [--sync off|on] [--client-threads 1]"
+                 [--retry-percent 10] [--configs warm,native,off,cold] [--sync off|on] [--client-threads 1] \
+                 [--pg-set NAME=VALUE ...]"
             );
             std::process::exit(0);
         }
@@ -146,6 +151,14 @@ fn parse_args() -> Args {
             "--configs" => a.configs = v.split(',').map(Config::parse).collect(),
             "--sync" => a.sync = v == "on",
             "--client-threads" => a.client_threads = number(flag, v) as usize,
+            "--pg-set" => {
+                let (name, value) = v.split_once('=').unwrap_or_else(|| panic!("--pg-set NAME=VALUE, got {v:?}"));
+                assert!(
+                    !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '.'),
+                    "--pg-set: not a setting name: {name:?}"
+                );
+                a.pg_settings.push((name.to_owned(), value.to_owned()));
+            }
             other => panic!("unknown argument {other:?} (try --help)"),
         }
         i += 2;
@@ -176,6 +189,12 @@ async fn prepare(t: &TestDb, args: &Args) -> Prepared {
     c.batch_execute(&format!("ALTER DATABASE \"{}\" SET synchronous_commit = {sync}", t.name()))
         .await
         .expect("set synchronous_commit");
+    for (name, value) in &args.pg_settings {
+        let value = value.replace('\'', "''");
+        c.batch_execute(&format!("ALTER DATABASE \"{}\" SET {name} = '{value}'", t.name()))
+            .await
+            .unwrap_or_else(|e| panic!("set {name}: {e}"));
+    }
     // The gateway owns its schema: the binary under test creates it, and the
     // prefill goes through it, in batches of 10,000 (the default --max-items).
     let gw = Gateway::start(&t.url()).await;
@@ -250,6 +269,8 @@ struct Tally {
     wrong: u64,
     errors: u64,
     latencies_us: Vec<u32>,
+    /// The latencies of the retries alone.
+    retry_latencies_us: Vec<u32>,
 }
 
 impl Tally {
@@ -262,6 +283,7 @@ impl Tally {
         self.wrong += other.wrong;
         self.errors += other.errors;
         self.latencies_us.extend(other.latencies_us);
+        self.retry_latencies_us.extend(other.retry_latencies_us);
     }
 }
 
@@ -333,7 +355,11 @@ async fn connection(
                 tally.duplicates += duplicates;
                 let expected_duplicates = if retry && dedup { size as u64 } else { 0 };
                 tally.wrong += u64::from(queued + duplicates != size as u64 || duplicates != expected_duplicates);
-                tally.latencies_us.push(u32::try_from(done.duration_since(sent).as_micros()).unwrap_or(u32::MAX));
+                let micros = u32::try_from(done.duration_since(sent).as_micros()).unwrap_or(u32::MAX);
+                tally.latencies_us.push(micros);
+                if retry {
+                    tally.retry_latencies_us.push(micros);
+                }
             }
             Ok(reply) => {
                 tally.errors += 1;
@@ -357,6 +383,8 @@ struct Figures {
     rate: f64,
     p50_ms: f64,
     p99_ms: f64,
+    retry_p50_ms: f64,
+    retry_p99_ms: f64,
     requests: u64,
     retries: u64,
     duplicates: u64,
@@ -428,10 +456,13 @@ async fn measure(gw: &Gateway, args: &Args, config: Config, label: &str, size: u
     let after = series(&mut observer).await;
     let delta: [f64; 8] = std::array::from_fn(|i| after[i] - before[i]);
     tally.latencies_us.sort_unstable();
+    tally.retry_latencies_us.sort_unstable();
     Figures {
         rate: tally.items as f64 / args.secs,
         p50_ms: percentile(&tally.latencies_us, 50.0),
         p99_ms: percentile(&tally.latencies_us, 99.0),
+        retry_p50_ms: percentile(&tally.retry_latencies_us, 50.0),
+        retry_p99_ms: percentile(&tally.retry_latencies_us, 99.0),
         requests: tally.requests,
         retries: tally.retries,
         duplicates: tally.duplicates,
@@ -443,9 +474,18 @@ async fn measure(gw: &Gateway, args: &Args, config: Config, label: &str, size: u
     }
 }
 
+/// The 1, 5 and 15 minute load averages (Linux), for the record: the
+/// figures mean little on a machine that was busy with something else.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
 async fn run(args: Args) {
     let started = Instant::now();
     eprintln!("load: {args:?}");
+    let load_at_start = load_average();
     let t = fresh_database().await;
     let prepare_started = Instant::now();
     let prepared = prepare(&t, &args).await;
@@ -471,11 +511,13 @@ async fn run(args: Args) {
         for &size in &args.sizes {
             let figures = measure(&gw, &args, config, &format!("k{k}"), size).await;
             eprintln!(
-                "  {:<26} batch {size:>3}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  ({} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle)",
+                "  {:<26} batch {size:>3}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle)",
                 config.name(),
                 figures.rate,
                 figures.p50_ms,
                 figures.p99_ms,
+                figures.retry_p50_ms,
+                figures.retry_p99_ms,
                 figures.requests,
                 figures.retries,
                 figures.duplicates,
@@ -497,7 +539,8 @@ async fn run(args: Args) {
     println!();
     println!(
         "stile over HTTP: {} connections, {} partitions, {} % retries, window prefilled with {} hashes, \
-         {:.0} s warm-up + {:.0} s measured per row, synchronous_commit={}, PostgreSQL {version}, {cpus} CPUs",
+         {:.0} s warm-up + {:.0} s measured per row, synchronous_commit={}, PostgreSQL {version}, {cpus} CPUs, \
+         load average {load_at_start} at the start and {} at the end{}",
         args.conns,
         args.partitions,
         args.retry_percent,
@@ -505,6 +548,8 @@ async fn run(args: Args) {
         args.warmup,
         args.secs,
         if args.sync { "on" } else { "off" },
+        load_average(),
+        args.pg_settings.iter().map(|(name, value)| format!(", {name}={value}")).collect::<String>(),
     );
     println!();
     println!(
