@@ -228,6 +228,11 @@ BEGIN
                 -- needs less. (Transaction-local; this call is the
                 -- transaction.)
                 PERFORM set_config('jit', 'off', true);
+                -- A merge join would sort every unnested hash together with
+                -- its row's whole hashes value (64 KiB per 4,096-hash row):
+                -- gigabytes sorted on disk for a large window. The hash join
+                -- builds on the segment's few hashes instead.
+                PERFORM set_config('enable_mergejoin', 'off', true);
                 -- Up to 4 hashes: a byte search per row costs far less than
                 -- unnesting the row. It only preselects rows; the aligned
                 -- comparison below decides. Absent ones are NULL, and a NULL
