@@ -1,15 +1,15 @@
-//! A gateway's life as a process: graceful shutdown under load, a database
-//! that cannot be reached at start, and the bearer token.
+//! A gateway's life as a process: graceful shutdown under load and the
+//! bearer token. (A database that cannot be reached at start is tested in
+//! `host/tests/cli.rs`.)
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hyper::Method;
 use serde_json::json;
-use stile_tests::gateway::{Answer, Gateway, GatewayOptions, Process, fresh_database, item};
+use stile_tests::gateway::{Answer, Gateway, GatewayOptions, fresh_database, item};
 use tokio::sync::Notify;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,33 +93,6 @@ async fn sigterm_with_requests_in_flight_stores_every_answered_message_and_exits
         );
     }
     assert!(stored.len() >= answers.len());
-}
-
-/// A port nothing listens on.
-fn closed_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a port");
-    listener.local_addr().expect("its address").port()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_database_at_start_is_one_line_naming_it_without_the_password() {
-    let port = closed_port();
-    let urls = [
-        format!("host=127.0.0.1 port={port} user=stile password=secret dbname=nowhere"),
-        format!("postgresql://stile:secret@127.0.0.1:{port}/nowhere"),
-    ];
-    for url in urls {
-        let args = ["serve", "--listen", "127.0.0.1:0", "--database-url", &url];
-        let (status, stdout, stderr) = Process::run(&args, Duration::from_secs(60)).await;
-        assert!(!status.success(), "{url}: exit status {status}");
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        assert_eq!(lines.len(), 1, "{url}: one line on stderr, got:\n{stderr}");
-        let line = lines[0];
-        assert!(line.contains("127.0.0.1") && line.contains(&format!("port={port}")), "{url}: names the server: {line}");
-        assert!(line.contains("dbname=nowhere") && line.contains("user=stile"), "{url}: names the database: {line}");
-        assert!(!stderr.contains("secret") && !stdout.contains("secret"), "{url}: the password leaked:\n{stderr}\n{stdout}");
-        assert!(!stdout.contains("listening"), "{url}: {stdout}");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
