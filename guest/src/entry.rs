@@ -197,7 +197,8 @@ impl Entry {
         };
         let decoded = hash::decode_into(hashes, &mut workspace.hashes);
         debug_assert!(decoded);
-        self.ring.append(base_offset, created_ms, &workspace.hashes);
+        let expected = self.ring.projected(created_ms, self.window_ms);
+        self.ring.append_sized(base_offset, created_ms, &workspace.hashes, expected);
         self.verified_upto = last_offset;
     }
 

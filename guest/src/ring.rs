@@ -35,6 +35,15 @@ pub fn capacity_for(held: usize) -> usize {
     TIERS.into_iter().find(|&tier| tier >= wanted).unwrap_or(TIERS[TIERS.len() - 1])
 }
 
+/// How far beyond the hashes already held a projection may size the next
+/// generation. Eight times takes a ring filling at a high rate from the
+/// smallest tier to the largest in three generations (4,096, then 32,768,
+/// then 262,144), where sizing by the held count alone makes about a dozen
+/// small generations that each stay live for a whole window. It also bounds
+/// what a burst followed by silence costs: one generation whose filter is
+/// sized for at most eight times the hashes held.
+pub const PROJECTION_LIMIT: usize = 8;
+
 /// One partition's generations, oldest first.
 #[derive(Debug, Default)]
 pub struct Ring {
@@ -72,16 +81,33 @@ impl Ring {
         self.generations.iter().map(Generation::bytes).sum()
     }
 
+    /// The hashes the ring will hold once a window of `window_ms` has filled
+    /// at the arrival rate seen so far (the held count over the time since
+    /// the oldest held hash was created, at `now_ms`), but at most
+    /// [`PROJECTION_LIMIT`] times the held count. Only generation sizes
+    /// depend on it, never what is held or expired.
+    pub fn projected(&self, now_ms: Millis, window_ms: u64) -> usize {
+        let Some(oldest) = self.generations.front() else {
+            return 0;
+        };
+        let span_ms = now_ms.saturating_sub(oldest.min_created_ms()).max(1) as u128;
+        let projected = self.held as u128 * u128::from(window_ms) / span_ms;
+        projected.min(self.held.saturating_mul(PROJECTION_LIMIT) as u128) as usize
+    }
+
     /// Appends hashes committed at the contiguous offsets `first_offset..`,
-    /// which must lie above every offset already appended.
+    /// which must lie above every offset already appended. (The cache
+    /// always sizes its appends; tests use this for the plain tiers.)
+    #[cfg(test)]
     pub fn append(&mut self, first_offset: Offset, created_ms: Millis, hashes: &[Hash]) {
         self.append_sized(first_offset, created_ms, hashes, 0);
     }
 
     /// [`Ring::append`], sizing new generations as if the ring already held
-    /// at least `expected` hashes. A hydration passes the window's total, so
-    /// that a rebuilt entry gets the few large generations a steadily grown
-    /// one would have, not a staircase of small ones to probe.
+    /// at least `expected` hashes. A hydration passes the window's total, and
+    /// a commit the [`Ring::projected`] total, so that the ring gets the few
+    /// large generations of a full window, not a staircase of small ones to
+    /// probe.
     pub fn append_sized(&mut self, first_offset: Offset, created_ms: Millis, hashes: &[Hash], expected: usize) {
         debug_assert!(self.generations.back().is_none_or(|newest| newest.max_offset() < first_offset));
         let mut offset = first_offset;
@@ -184,6 +210,35 @@ mod tests {
         let capacities: Vec<usize> = ring.generations.iter().map(Generation::capacity).collect();
         assert_eq!(capacities, [32_768, 32_768]);
         assert_eq!(ring.held(), all.len());
+    }
+
+    #[test]
+    fn the_projection_follows_the_arrival_rate_up_to_its_limit() {
+        let mut ring = Ring::default();
+        assert_eq!(ring.projected(1_000, 60_000), 0, "nothing held, nothing projected");
+        ring.append(0, 1_000, &hashes(6, 1_000));
+        // 1,000 hashes in 20 s project to 3,000 in a 60 s window.
+        assert_eq!(ring.projected(21_000, 60_000), 3_000);
+        // 1,000 hashes in 1 ms would project to 60 M: the limit holds it.
+        assert_eq!(ring.projected(1_000, 60_000), 1_000 * PROJECTION_LIMIT);
+        // A slow ring projects below what it holds; sizing uses the larger.
+        assert_eq!(ring.projected(601_000, 60_000), 100);
+    }
+
+    #[test]
+    fn a_projected_append_reaches_the_largest_tier_in_three_steps() {
+        let mut ring = Ring::default();
+        let all = hashes(7, 400_000);
+        let mut offset = 0;
+        // 100 hashes a millisecond, committed 1,000 at a time.
+        for (i, commit) in all.chunks(1_000).enumerate() {
+            let now = i as Millis * 10;
+            let expected = ring.projected(now, 60_000);
+            ring.append_sized(offset, now, commit, expected);
+            offset += commit.len() as Offset;
+        }
+        let capacities: Vec<usize> = ring.generations.iter().map(Generation::capacity).collect();
+        assert_eq!(capacities, [4_096, 32_768, 262_144, 1_048_576]);
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub struct Generation {
     len: usize,
     min_offset: Offset,
     max_offset: Offset,
+    min_created_ms: Millis,
     max_created_ms: Millis,
 }
 
@@ -55,6 +56,7 @@ impl Generation {
             len: 0,
             min_offset: Offset::MAX,
             max_offset: NO_VOUCH,
+            min_created_ms: Millis::MAX,
             max_created_ms: Millis::MIN,
         }
     }
@@ -82,6 +84,11 @@ impl Generation {
         self.max_offset
     }
 
+    /// The oldest `created_ms` appended; `Millis::MAX` while empty.
+    pub fn min_created_ms(&self) -> Millis {
+        self.min_created_ms
+    }
+
     /// The newest `created_ms` appended; `Millis::MIN` while empty.
     pub fn max_created_ms(&self) -> Millis {
         self.max_created_ms
@@ -102,6 +109,7 @@ impl Generation {
         let last_offset = first_offset + (hashes.len() as Offset - 1);
         self.min_offset = self.min_offset.min(first_offset);
         self.max_offset = self.max_offset.max(last_offset);
+        self.min_created_ms = self.min_created_ms.min(created_ms);
         self.max_created_ms = self.max_created_ms.max(created_ms);
         for &hash in hashes {
             self.bloom.insert(hash);
@@ -201,7 +209,7 @@ mod tests {
         generation.append(13, 900, &hashes(2, 2));
         assert_eq!(generation.len(), 5);
         assert_eq!(generation.max_offset(), 14);
-        assert_eq!(generation.max_created_ms(), 1_000);
+        assert_eq!((generation.min_created_ms(), generation.max_created_ms()), (900, 1_000));
         assert_eq!(generation.room(), TIERS[0] - 5);
         generation.append(15, 2_000, &[]);
         assert_eq!(generation.max_offset(), 14, "an empty append changes nothing");
