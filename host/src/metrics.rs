@@ -49,6 +49,7 @@ pub struct Metrics {
     rebuilds: Family<ShardLabel, Gauge>,
     evictions: Family<ShardLabel, Gauge>,
     unavailable: Counter,
+    resident_memory: Gauge,
 }
 
 impl Metrics {
@@ -68,6 +69,7 @@ impl Metrics {
             rebuilds: Family::default(),
             evictions: Family::default(),
             unavailable: Counter::default(),
+            resident_memory: Gauge::default(),
         };
         {
             let mut r = metrics.registry.lock().expect("not poisoned");
@@ -87,6 +89,11 @@ impl Metrics {
                 "database_unavailable",
                 "Requests answered 503 because the database was unreachable",
                 metrics.unavailable.clone(),
+            );
+            r.register(
+                "process_resident_memory_bytes",
+                "Resident memory of the gateway process (Linux; 0 elsewhere)",
+                metrics.resident_memory.clone(),
             );
         }
         metrics
@@ -144,11 +151,22 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.resident_memory.set(resident_memory_bytes().map_or(0, |bytes| i64::try_from(bytes).unwrap_or(i64::MAX)));
         let mut text = String::new();
         let registry = self.registry.lock().expect("not poisoned");
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("writing to a String cannot fail");
         text
     }
+}
+
+/// The process's resident set, from the `VmRSS` line of `/proc/self/status`.
+/// Read at each scrape, so that the figure an operator sees is the kernel's,
+/// not the cache's own accounting.
+fn resident_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|line| line.strip_prefix("VmRSS:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kib * 1024)
 }
 
 impl Default for Metrics {

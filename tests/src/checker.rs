@@ -70,6 +70,10 @@ use uuid::Uuid;
 
 use crate::gateway::{Client, stile_binary};
 
+mod vitals;
+
+pub use vitals::{Latency, Sample};
+
 /// Slack for comparing our clock readings with PostgreSQL's (both read the
 /// same system clock; this only covers rounding).
 const CLOCK_TOLERANCE_US: i64 = 1_000;
@@ -563,6 +567,14 @@ pub struct Report {
     pub violations: Vec<Violation>,
     pub histories: String,
     pub elapsed: Duration,
+    /// Each gateway process's resident memory and cache gauges over time.
+    pub vitals: Vec<String>,
+    /// The samples of each gateway process (by gateway, then incarnation).
+    pub samples: Vec<Vec<Sample>>,
+    /// From a request's first send to its answer, over answered requests.
+    pub latency: Latency,
+    /// Of single attempts that were answered.
+    pub attempt_latency: Latency,
 }
 
 /// A broken promise.
@@ -636,6 +648,11 @@ impl fmt::Display for Report {
         )?;
         for line in &self.gateway_lines {
             writeln!(f, "  {line}")?;
+        }
+        writeln!(f, "latency, first send to answer: {}", self.latency)?;
+        writeln!(f, "latency, one answered attempt: {}", self.attempt_latency)?;
+        for line in &self.vitals {
+            writeln!(f, "{line}")?;
         }
         for error in &self.fault_errors {
             writeln!(f, "fault error: {error}")?;
@@ -715,7 +732,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     }
     let scraped: Arc<Mutex<HashMap<(usize, u32), Scrape>>> = Arc::default();
     let stop_scraping = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let scraper = tokio::spawn(scrape_loop(book.clone(), scraped.clone(), stop_scraping.clone()));
+    let scraper = tokio::spawn(scrape_loop(book.clone(), scraped.clone(), stop_scraping.clone(), t0));
     let schedule = schedule(config);
     let mut faults = FaultLog::default();
     run_faults(&schedule, &mut nodes, &book, &mut admin, &windows, pg_cluster.as_ref(), config, t0, end, &mut faults).await;
@@ -733,7 +750,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     }
     stop_scraping.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = scraper.await;
-    scrape_all(&book, &scraped).await;
+    scrape_all(&book, &scraped, t0).await;
 
     report.kills = faults.kills;
     report.restarts = faults.restarts;
@@ -1154,20 +1171,22 @@ struct Scrape {
     rebuilds: u64,
     probes: BTreeMap<String, u64>,
     unavailable: u64,
+    samples: Vec<Sample>,
 }
 
 async fn scrape_loop(
     book: AddressBook,
     scraped: Arc<Mutex<HashMap<(usize, u32), Scrape>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    t0: Instant,
 ) {
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        scrape_all(&book, &scraped).await;
+        scrape_all(&book, &scraped, t0).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
-async fn scrape_all(book: &AddressBook, scraped: &Mutex<HashMap<(usize, u32), Scrape>>) {
+async fn scrape_all(book: &AddressBook, scraped: &Mutex<HashMap<(usize, u32), Scrape>>, t0: Instant) {
     let targets: Vec<(usize, SocketAddr, u32)> =
         book.read().expect("not poisoned").iter().enumerate().filter_map(|(i, t)| t.map(|(a, n)| (i, a, n))).collect();
     for (index, addr, incarnation) in targets {
@@ -1182,6 +1201,7 @@ async fn scrape_all(book: &AddressBook, scraped: &Mutex<HashMap<(usize, u32), Sc
         let text = reply.text();
         let mut scraped = scraped.lock().expect("not poisoned");
         let scrape = scraped.entry((index, incarnation)).or_default();
+        scrape.samples.push(Sample::from_metrics(&text, t0.elapsed().as_secs_f64()));
         scrape.max_suppressed = scrape.max_suppressed.max(sum_series(&text, "stile_cache_suppressed_partitions"));
         scrape.max_evictions = scrape.max_evictions.max(sum_series(&text, "stile_cache_evictions"));
         scrape.max_bytes = scrape.max_bytes.max(sum_series(&text, "stile_cache_bytes"));
@@ -1194,7 +1214,7 @@ async fn scrape_all(book: &AddressBook, scraped: &Mutex<HashMap<(usize, u32), Sc
 }
 
 /// The sum of every series of a metric (or one series, given with labels).
-fn sum_series(text: &str, name: &str) -> u64 {
+pub(crate) fn sum_series(text: &str, name: &str) -> u64 {
     text.lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
@@ -1227,6 +1247,13 @@ fn summarise_scrapes(scraped: &HashMap<(usize, u32), Scrape>, nodes: &[Node], re
                 *probes.entry(probe.clone()).or_insert(0) += n;
                 *report.probes.entry(probe.clone()).or_insert(0) += n;
             }
+        }
+        let mut incarnations: Vec<(&(usize, u32), &Scrape)> = scraped.iter().filter(|((i, _), _)| *i == index).collect();
+        incarnations.sort_by_key(|(key, _)| **key);
+        for ((_, incarnation), scrape) in incarnations {
+            let label = format!("{} incarnation {incarnation}", node.spec.label);
+            report.vitals.extend(vitals::describe(&label, &scrape.samples));
+            report.samples.push(scrape.samples.clone());
         }
         let probes: Vec<String> = probes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         report.gateway_lines.push(format!(
@@ -1380,6 +1407,7 @@ fn check(requests: &[Request], stored: &Stored, windows: &Windows, report: &mut 
     };
 
     // Counts.
+    let (mut latencies, mut attempt_latencies) = (Vec::new(), Vec::new());
     for request in requests {
         report.requests += 1;
         report.items += request.items.len() as u64;
@@ -1415,9 +1443,13 @@ fn check(requests: &[Request], stored: &Stored, windows: &Windows, report: &mut 
                 violate("protocol", &item.partition, &item.txn, format!("a valid push answered {status}: {body}"));
             }
         }
+        for attempt in request.attempts.iter().filter(|a| matches!(a.outcome, Outcome::Answered(_))) {
+            attempt_latencies.push(attempt.done_us - attempt.sent_us);
+        }
         match request.answers() {
-            Some((_, answers)) => {
+            Some((last, answers)) => {
                 report.requests_answered += 1;
+                latencies.push(last.done_us - request.attempts[0].sent_us);
                 for answer in answers {
                     match answer.status {
                         Status::Queued => report.queued += 1,
@@ -1428,6 +1460,8 @@ fn check(requests: &[Request], stored: &Stored, windows: &Windows, report: &mut 
             None => report.requests_given_up += 1,
         }
     }
+    report.latency = Latency::of(latencies);
+    report.attempt_latency = Latency::of(attempt_latencies);
 
     for (partition, what) in &stored.problems {
         violate("storage", partition, "-", what.clone());

@@ -277,6 +277,10 @@ async fn after_warm_up_the_probe_is_skipped_for_nearly_every_segment() {
     assert!(share >= 0.9, "skipped {skipped}, narrowed {narrowed}, full {full}: {:.1} % skipped after warm-up", share * 100.0);
     assert!(metric(&text, "stile_hydrations_total{outcome=\"installed\"}") >= 1.0, "{text}");
     assert_eq!(metric(&text, "stile_pushes_total{status=\"queued\"}"), (0..REQUESTS).map(|r| 1 + r % 5).sum::<usize>() as f64);
+    // The kernel's figure for the process, beside the cache's own accounting:
+    // at least the embedded component's compiled code and one instance.
+    let resident = metric(&text, "stile_process_resident_memory_bytes");
+    assert!(resident > 4.0 * 1024.0 * 1024.0 && resident < 64.0 * 1024.0 * 1024.0 * 1024.0, "resident {resident}:\n{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

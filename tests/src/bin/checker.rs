@@ -20,7 +20,12 @@
 //!   --max-batch N          items per request, at most [8]
 //!   --repeat-percent N     items re-sending an earlier id [15]
 //!   --shared-percent N     items with ids shared between producers [4]
-//!   --gateways N           2 or 3: g0 traps guest calls, g1 has a tiny cache, g2 is plain [3]
+//!   --gateways N           with --roles faults, 2 or 3: g0 traps guest calls, g1 has a
+//!                          tiny cache, g2 is plain; with --roles plain, 1 to 3 [3]
+//!   --roles R              `faults` (as above) or `plain` (every gateway alike, with
+//!                          --cache-mb and --shards) [faults]
+//!   --cache-mb N           plain gateways' cache budget [512]
+//!   --shards N             plain gateways' shards [the cores]
 //!   --traps-per-million N  g0's injected guest traps [20000]
 //!   --tiny-cache-mb N      g1's cache budget [1]
 //!   --tiny-shards N        g1's shards, sharing that budget [32]
@@ -30,6 +35,25 @@
 //!   --short-window S       the short window, 0 for no window change [3]
 //!   --database-url URL     use this database (default: a fresh one on
 //!                          STILE_TEST_DATABASE_URL's server, dropped at the end)
+//!
+//! Two further runs are recorded in bench/checker/RESULTS.md. Churn: 100,000
+//! partitions, each id's partition chosen from a hot group of 2,000 that moves
+//! on every 2 s, through one gateway with a 64 MiB cache (resident memory near
+//! the budget, suppression rising, no verdict changed):
+//!
+//! ```text
+//! checker --roles plain --gateways 1 --cache-mb 64 --partitions 100000 \
+//!     --hot-partitions 2000 --seconds 300 --rate 0 --producers 32 \
+//!     --kill-every 0 --pg-restart-every 0 --short-window 0
+//! ```
+//!
+//! Soak: the highest rate the machine sustains (closed loop), no faults,
+//! memory flat and latency percentiles printed:
+//!
+//! ```text
+//! checker --roles plain --gateways 2 --seconds 600 --rate 0 --producers 32 \
+//!     --kill-every 0 --pg-restart-every 0 --short-window 0
+//! ```
 //!
 //! The PostgreSQL restart is `pg_ctlcluster --skip-systemctl-redirect VERSION
 //! NAME restart` of the cluster that listens on the database's port: it
@@ -76,6 +100,9 @@ fn main() -> std::process::ExitCode {
         "pg-restart-every",
         "short-window",
         "database-url",
+        "roles",
+        "cache-mb",
+        "shards",
     ];
     if let Some(unknown) = options.keys().find(|k| !known.contains(&k.as_str())) {
         eprintln!("checker: unknown option --{unknown}");
@@ -105,13 +132,31 @@ fn main() -> std::process::ExitCode {
         config.repeat_percent = number("repeat-percent", 15.0) as u32;
         config.shared_percent = number("shared-percent", 4.0) as u32;
         config.long_window_seconds = 3600.max(seconds as i32 * 2);
-        let mut gateways = vec![
-            GatewaySpec::traps("g0-traps", number("traps-per-million", 20_000.0) as u32),
-            GatewaySpec::tiny_cache("g1-tiny", number("tiny-cache-mb", 1.0) as u64, number("tiny-shards", 32.0) as usize),
-            GatewaySpec::plain("g2"),
-        ];
-        gateways.truncate((number("gateways", 3.0) as usize).clamp(2, 3));
-        config.gateways = gateways;
+        let count = number("gateways", 3.0) as usize;
+        config.gateways = match options.get("roles").map_or("faults", String::as_str) {
+            "faults" => {
+                let mut gateways = vec![
+                    GatewaySpec::traps("g0-traps", number("traps-per-million", 20_000.0) as u32),
+                    GatewaySpec::tiny_cache("g1-tiny", number("tiny-cache-mb", 1.0) as u64, number("tiny-shards", 32.0) as usize),
+                    GatewaySpec::plain("g2"),
+                ];
+                gateways.truncate(count.clamp(2, 3));
+                gateways
+            }
+            "plain" => (0..count.clamp(1, 3))
+                .map(|g| {
+                    let mut spec = GatewaySpec::plain(&format!("g{g}")).flag("cache-mb", number("cache-mb", 512.0) as u64);
+                    if let Some(shards) = options.get("shards") {
+                        spec = spec.flag("shards", shards);
+                    }
+                    spec
+                })
+                .collect(),
+            other => {
+                eprintln!("checker: --roles {other}: expected `faults` or `plain`");
+                return std::process::ExitCode::from(2);
+            }
+        };
         let kill_every = number("kill-every", 20.0);
         let pg_every = number("pg-restart-every", 60.0);
         let short = number("short-window", 3.0);
