@@ -13,12 +13,13 @@
 
 mod generation;
 mod run;
+mod search;
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use crate::api::{Millis, NO_VOUCH, Offset};
-use crate::bloom::TIERS;
+use crate::bloom::{self, Bloom, Maybe, TIERS};
 use crate::hash::Hash;
 use generation::Generation;
 
@@ -63,7 +64,7 @@ pub struct Expired {
 /// Buffers a batch check reuses from call to call.
 #[derive(Debug, Default)]
 pub struct Scratch {
-    maybes: Vec<u32>,
+    maybes: Vec<Maybe>,
     hit_words: Vec<u64>,
 }
 
@@ -145,26 +146,30 @@ impl Ring {
     /// Replaces `hits` with the indexes of `hashes` that some generation
     /// holds, ascending, and answers how many bloom "maybe"s it took.
     ///
-    /// Each generation probes the whole batch through its filter first; only
-    /// its "maybe"s fall through to its own exact check, and a definite miss
-    /// touches nothing else.
+    /// Every hash is probed through every generation's filter first, in one
+    /// pass (see [`bloom::maybe_many`]); only the "maybe"s fall through to
+    /// their generation's exact check, and a definite miss touches nothing
+    /// else.
     pub fn find(&self, hashes: &[Hash], scratch: &mut Scratch, hits: &mut Vec<u32>) -> usize {
         let Scratch { maybes, hit_words } = scratch;
         hit_words.clear();
         hit_words.resize(hashes.len().div_ceil(64), 0);
-        let mut maybe_count = 0;
         // Newest first: a retry usually repeats something recent.
-        for generation in self.generations.iter().rev() {
-            generation.maybe_batch(hashes, maybes);
-            maybe_count += maybes.len();
-            for &index in maybes.iter() {
-                let index = index as usize;
-                let (word, bit) = (index / 64, 1u64 << (index % 64));
-                if hit_words[word] & bit == 0 && generation.contains(hashes[index]) {
-                    hit_words[word] |= bit;
-                }
+        let filters: Vec<&Bloom> = self.generations.iter().rev().map(Generation::bloom).collect();
+        bloom::maybe_many(&filters, hashes, maybes);
+        // The hot buffers are checked at once (they are in cache); the
+        // sealed blocks are searched together, so that their cache misses
+        // overlap. A hash found in a hot buffer needs no search, but one
+        // that several generations may hold is searched in each of them.
+        let mut searches = Vec::new();
+        let mut hit = |index: u32| hit_words[index as usize / 64] |= 1 << (index % 64);
+        for maybe in maybes.iter() {
+            let generation = &self.generations[self.generations.len() - 1 - maybe.filter as usize];
+            if generation.check(hashes[maybe.index as usize], maybe.index, &mut searches) {
+                hit(maybe.index);
             }
         }
+        search::resolve(&mut searches, &mut hit);
         hits.clear();
         for (word_index, &word) in hit_words.iter().enumerate() {
             let mut word = word;
@@ -173,7 +178,7 @@ impl Ring {
                 word &= word - 1;
             }
         }
-        maybe_count
+        maybes.len()
     }
 }
 

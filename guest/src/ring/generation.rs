@@ -10,12 +10,13 @@
 //! generation is exactly one run.
 //!
 //! While the hot buffer fills, each completed chunk of [`CHUNK`] hashes is
-//! sorted in place, so an exact lookup binary-searches the chunks and scans
+//! sorted in place, so an exact lookup searches the chunks and scans
 //! only the unsorted tail.
 
 use alloc::vec::Vec;
 
 use super::run::{BLOCK, Run};
+use super::search::{self, Search};
 use crate::api::{Millis, NO_VOUCH, Offset};
 use crate::bloom::Bloom;
 use crate::hash::{HASH_LEN, Hash};
@@ -125,14 +126,26 @@ impl Generation {
         debug_assert!(self.len < self.capacity() || (self.hot.is_empty() && self.runs.len() == 1));
     }
 
-    /// Replaces `maybes` with the indexes of `hashes` the filter may hold.
-    pub fn maybe_batch(&self, hashes: &[Hash], maybes: &mut Vec<u32>) {
-        self.bloom.maybe_batch(hashes, maybes);
+    /// The filter in front of the exact hashes.
+    pub fn bloom(&self) -> &Bloom {
+        &self.bloom
     }
 
     /// The exact check: whether the generation holds the hash.
+    #[cfg(test)]
     pub fn contains(&self, hash: Hash) -> bool {
         self.runs.iter().any(|run| run.contains(hash)) || self.hot_contains(hash)
+    }
+
+    /// The exact check, deferred: `true` if the hot buffer holds the hash;
+    /// otherwise the searches of the sealed runs that could, tagged `tag`,
+    /// are added to `searches` for the caller to resolve with others.
+    pub fn check<'a>(&'a self, hash: Hash, tag: u32, searches: &mut Vec<Search<'a>>) -> bool {
+        if self.hot_contains(hash) {
+            return true;
+        }
+        searches.extend(self.runs.iter().filter_map(|run| run.search(hash, tag)));
+        false
     }
 
     /// Adds hashes that fit in the hot buffer without passing one block.
@@ -182,7 +195,7 @@ impl Generation {
 
     fn hot_contains(&self, hash: Hash) -> bool {
         let (chunks, tail) = self.hot.as_chunks::<CHUNK>();
-        chunks.iter().any(|chunk| chunk.binary_search(&hash).is_ok()) || tail.contains(&hash)
+        chunks.iter().any(|chunk| search::contains(chunk, hash)) || tail.contains(&hash)
     }
 }
 
@@ -265,13 +278,11 @@ mod tests {
     }
 
     #[test]
-    fn maybe_batch_has_no_false_negatives() {
+    fn the_filter_has_no_false_negatives() {
         let mut generation = Generation::new(TIERS[0]);
         let held = hashes(5, 2_000);
         generation.append(0, 0, &held);
-        let mut maybes = Vec::new();
-        generation.maybe_batch(&held, &mut maybes);
-        assert_eq!(maybes.len(), held.len());
+        assert!(held.iter().all(|&hash| generation.bloom().may_contain(hash)));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A sorted run: immutable sorted blocks of [`BLOCK`] hashes that together
 //! form one ascending sequence, with the first key of each block kept as a
-//! fence, so that membership is a binary search to the block and then one in
-//! the block.
+//! fence, so that membership is a search to the block and then one in the
+//! block (both by interpolation, see [`search`]).
 //!
 //! Runs only grow by merging two runs of equal block count (the binary
 //! counter of the generation that owns them). The merge streams block by
@@ -13,6 +13,7 @@ use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::search::{self, Search};
 use crate::hash::Hash;
 
 /// Hashes per sealed block: 64 KiB, the largest allocation the exact ring
@@ -43,16 +44,26 @@ impl Run {
         self.blocks.len() * BLOCK
     }
 
+    #[cfg(test)]
     pub fn contains(&self, hash: Hash) -> bool {
+        let mut found = false;
+        if let Some(search) = self.search(hash, 0) {
+            search::resolve(&mut [search], |_| found = true);
+        }
+        found
+    }
+
+    /// The search for a hash in the one block that can hold it, or `None`
+    /// when the hash lies below the whole run. The fences bound the block's
+    /// keys for the interpolation: its own below, the next one's above.
+    pub fn search(&self, hash: Hash, tag: u32) -> Option<Search<'_>> {
         // The last block whose first key is at or below the hash is the only
         // one that can hold it: every later block starts above it, and an
         // earlier block that also holds it (a repeat spanning a boundary)
         // would make this block's first key equal to it.
-        let after = self.fences.partition_point(|&fence| fence <= hash);
-        match after.checked_sub(1) {
-            Some(block) => self.blocks[block].binary_search(&hash).is_ok(),
-            None => false,
-        }
+        let block = search::upper_bound(&self.fences, hash).checked_sub(1)?;
+        let high_key = self.fences.get(block + 1).copied().unwrap_or(Hash::MAX);
+        Some(Search::new(&self.blocks[block], self.fences[block], high_key, hash, tag))
     }
 
     /// Merges two runs into one, streaming block by block.
