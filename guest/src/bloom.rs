@@ -26,6 +26,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
+use crate::fetch::fetch;
 use crate::hash::Hash;
 
 /// Filter bits per hash of capacity.
@@ -115,26 +116,8 @@ impl Bloom {
     }
 
     /// Starts bringing a hash's line into the cache without waiting for it.
-    ///
-    /// On x86_64 that is a prefetch, which retires at once. WebAssembly has
-    /// no prefetch, so elsewhere it is a plain load whose value is thrown
-    /// away: it still occupies the core until the line arrives, but loads
-    /// issued back to back are overlapped by out-of-order execution, where a
-    /// test that needs the line first would wait for each in turn.
     fn fetch(&self, hash: Hash) {
-        let line = self.line(hash);
-        #[cfg(target_arch = "x86_64")]
-        {
-            use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let line: *const Line = line;
-            // SAFETY: `_mm_prefetch` needs SSE, which every x86_64 CPU has
-            // (it is in the target's baseline). A prefetch is a hint that
-            // never faults and reads nothing into the program, and the
-            // pointer comes from a live reference anyway.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast::<i8>()) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        core::hint::black_box(line.0[0]);
+        fetch(&self.line(hash).0[0]);
     }
 }
 

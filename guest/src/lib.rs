@@ -24,6 +24,7 @@ mod api;
 mod bloom;
 mod budget;
 mod entry;
+mod fetch;
 mod hash;
 mod ring;
 mod shard;

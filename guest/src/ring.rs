@@ -66,6 +66,7 @@ pub struct Expired {
 pub struct Scratch {
     maybes: Vec<Maybe>,
     hit_words: Vec<u64>,
+    guesses: Vec<Option<usize>>,
 }
 
 impl Ring {
@@ -151,7 +152,7 @@ impl Ring {
     /// their generation's exact check, and a definite miss touches nothing
     /// else.
     pub fn find(&self, hashes: &[Hash], scratch: &mut Scratch, hits: &mut Vec<u32>) -> usize {
-        let Scratch { maybes, hit_words } = scratch;
+        let Scratch { maybes, hit_words, guesses } = scratch;
         hit_words.clear();
         hit_words.resize(hashes.len().div_ceil(64), 0);
         // Newest first: a retry usually repeats something recent.
@@ -169,7 +170,7 @@ impl Ring {
                 hit(maybe.index);
             }
         }
-        search::resolve(&mut searches, &mut hit);
+        search::resolve(&mut searches, guesses, &mut hit);
         hits.clear();
         for (word_index, &word) in hit_words.iter().enumerate() {
             let mut word = word;

@@ -16,6 +16,9 @@
 //! loads are independent, so the core overlaps their misses, in WebAssembly
 //! as natively.
 
+use alloc::vec::Vec;
+
+use crate::fetch::fetch;
 use crate::hash::Hash;
 
 /// The most interpolation steps before the binary search takes over.
@@ -96,22 +99,36 @@ impl<'a> Search<'a> {
         Search { keys, hash, low: 0, high: keys.len(), low_key, high_key, tag }
     }
 
-    /// One interpolation step, touching one key; `false` once interpolating
+    /// Where the next interpolation step looks, or `None` once interpolating
     /// no longer pays (the range is short) or the answer is known.
-    fn step(&mut self) -> bool {
-        let Search { keys, hash, low, high, low_key, high_key, .. } = *self;
+    fn guess(&self) -> Option<usize> {
+        let Search { hash, low, high, low_key, high_key, .. } = *self;
         if high - low <= SHORT || hash < low_key || hash > high_key {
-            return false;
+            return None;
         }
         let guess = low + scaled(hash - low_key, high_key - low_key, high - low - 1);
         debug_assert!(low <= guess && guess < high);
-        let key = keys[guess];
-        if key < hash {
+        Some(guess)
+    }
+
+    /// Narrows the range by the key at `guess`, from [`Search::guess`].
+    fn narrow(&mut self, guess: usize) {
+        let key = self.keys[guess];
+        if key < self.hash {
             (self.low, self.low_key) = (guess + 1, key);
         } else {
             (self.high, self.high_key) = (guess, key);
         }
-        true
+    }
+
+    /// Fetches the keys [`Search::found`] will read.
+    fn fetch_rest(&self) {
+        if let Some(first) = self.keys.get(self.low) {
+            fetch(first);
+        }
+        if let Some(last) = self.keys.get(self.high) {
+            fetch(last);
+        }
     }
 
     /// Whether the block holds the hash, searching what is left.
@@ -123,16 +140,29 @@ impl<'a> Search<'a> {
 
 /// Runs every search to its end, in lockstep, and calls `found` with the tag
 /// of each that finds its hash.
-pub fn resolve(searches: &mut [Search<'_>], mut found: impl FnMut(u32)) {
+///
+/// Each round first works out every search's next key and fetches it, then
+/// narrows every search by its key; so one round costs about one cache miss,
+/// not one per search. `guesses` is scratch space.
+pub fn resolve(searches: &mut [Search<'_>], guesses: &mut Vec<Option<usize>>, mut found: impl FnMut(u32)) {
     for _ in 0..INTERPOLATIONS {
-        let mut pending = false;
-        for search in searches.iter_mut() {
-            pending |= search.step();
-        }
-        if !pending {
+        guesses.clear();
+        guesses.extend(searches.iter().map(Search::guess));
+        if guesses.iter().all(Option::is_none) {
             break;
         }
+        for (search, guess) in searches.iter().zip(guesses.iter()) {
+            if let Some(guess) = *guess {
+                fetch(&search.keys[guess]);
+            }
+        }
+        for (search, guess) in searches.iter_mut().zip(guesses.iter()) {
+            if let Some(guess) = *guess {
+                search.narrow(guess);
+            }
+        }
     }
+    searches.iter().for_each(Search::fetch_rest);
     for search in searches.iter() {
         if search.found() {
             found(search.tag);
@@ -194,7 +224,7 @@ mod tests {
         let mut searches: Vec<Search<'_>> =
             probes.iter().enumerate().map(|(tag, &hash)| Search::new(keys, low_key, high_key, hash, tag as u32)).collect();
         let mut found = Vec::new();
-        resolve(&mut searches, |tag| found.push(tag as usize));
+        resolve(&mut searches, &mut Vec::new(), |tag| found.push(tag as usize));
         let expected: Vec<usize> = (0..probes.len()).filter(|&i| keys.binary_search(&probes[i]).is_ok()).collect();
         assert_eq!(found, expected);
     }
