@@ -71,8 +71,17 @@ impl PartitionQueue {
     pub fn take_segment(&mut self, max: usize) -> Segment {
         assert!(max > 0);
         let take = self.slots.len().min(max);
-        let slots: Vec<Slot> = self.slots.drain(..take).collect();
-        self.reindex();
+        let slots: Vec<Slot> = if take == self.slots.len() {
+            // The common case: everything goes. The queue gives its buffers
+            // up with it, so that the many partitions a gateway remembers
+            // between pushes hold no capacity while idle.
+            self.by_hash = HashMap::new();
+            std::mem::take(&mut self.slots)
+        } else {
+            let slots = self.slots.drain(..take).collect();
+            self.reindex();
+            slots
+        };
         let mut hashes = Vec::with_capacity(slots.len() * 16);
         for slot in &slots {
             hashes.extend_from_slice(&slot.message.hash);

@@ -2,6 +2,7 @@
 //! the built component, and gateway processes.
 
 pub mod checker;
+pub mod component;
 pub mod gateway;
 pub mod pg;
 pub mod trace;

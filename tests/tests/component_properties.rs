@@ -5,20 +5,12 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::OnceLock;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use stile::component::COMPONENT;
-use stile::wasm::{WasmEngine, WasmShard};
 use stile_guest::testing::{self, Cache, Scenario, window};
 use stile_guest::{Admission, Commit, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, ShardConfig, Stats};
-
-/// One compiled component for every test of this binary.
-fn engine() -> &'static WasmEngine {
-    static ENGINE: OnceLock<WasmEngine> = OnceLock::new();
-    ENGINE.get_or_init(|| WasmEngine::new(COMPONENT).expect("compile the embedded component"))
-}
+use stile_tests::component::HealthyShard;
 
 /// `cases` cases, with failures saved beside this file.
 fn config(cases: u32) -> ProptestConfig {
@@ -29,60 +21,6 @@ fn config(cases: u32) -> ProptestConfig {
     }
 }
 
-/// A fresh instance of the component behind the property driver's trait.
-/// Every call checks that the instance never trapped: a retired instance
-/// answers like an empty cache, which is sound but would hide a guest bug.
-#[derive(Debug)]
-struct Component(WasmShard);
-
-impl Component {
-    fn new(config: ShardConfig) -> Component {
-        Component(WasmShard::new(engine(), config).expect("instantiate the component"))
-    }
-
-    fn healthy<R>(&self, value: R) -> R {
-        assert_eq!(self.0.rebuilds(), 0, "the component trapped and was rebuilt");
-        value
-    }
-}
-
-impl Cache for Component {
-    fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
-        let plans = self.0.plan(now_ms, segments);
-        self.healthy(plans)
-    }
-
-    fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
-        self.0.record_commits(now_ms, commits);
-        self.healthy(());
-    }
-
-    fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
-        let admission = self.0.admit(now_ms, partition, window_ms, estimate_hashes);
-        self.healthy(admission)
-    }
-
-    fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-        let result = self.0.hydrate(now_ms, hydration);
-        self.healthy(result)
-    }
-
-    fn expire(&mut self, now_ms: Millis) {
-        self.0.expire(now_ms);
-        self.healthy(());
-    }
-
-    fn forget(&mut self, partition: PartitionId) {
-        self.0.forget(partition);
-        self.healthy(());
-    }
-
-    fn stats(&mut self) -> Stats {
-        let stats = self.0.stats();
-        self.healthy(stats)
-    }
-}
-
 proptest! {
     #![proptest_config(config(256))]
 
@@ -90,18 +28,18 @@ proptest! {
     /// PostgreSQL holds, and is not trivially sound either.
     #[test]
     fn the_component_never_vouches_over_a_stored_duplicate(scenario in testing::scenario()) {
-        testing::run(&scenario, Component::new).map_err(|violation| TestCaseError::fail(violation.to_string()))?;
+        testing::run(&scenario, HealthyShard::new).map_err(|violation| TestCaseError::fail(violation.to_string()))?;
     }
 }
 
 #[test]
 fn window_semantics() {
-    window::window_semantics(&mut Component::new(window::CONFIG));
+    window::window_semantics(&mut HealthyShard::new(window::CONFIG));
 }
 
 #[test]
 fn memory_bounded_by_rate_times_window() {
-    let mut component = Component::new(window::CONFIG);
+    let mut component = HealthyShard::new(window::CONFIG);
     let report = window::memory_bounded_by_rate_times_window(&mut component);
     println!("{report:?}; {:?}", component.stats());
 }
@@ -177,7 +115,7 @@ fn record<C: Cache>(scenario: &Scenario, make: impl FnOnce(ShardConfig) -> C) ->
 
 fn differential(scenario: &Scenario) -> Result<(), TestCaseError> {
     let (native_verdict, native) = record(scenario, Shard::new);
-    let (component_verdict, component) = record(scenario, Component::new);
+    let (component_verdict, component) = record(scenario, HealthyShard::new);
     if let Some(index) = native.iter().zip(&component).position(|(a, b)| a != b) {
         let context = index.saturating_sub(3)..index;
         return Err(TestCaseError::fail(format!(
@@ -207,7 +145,7 @@ fn compare_on(check: impl Fn(&mut dyn Cache)) {
     let log_native = Rc::new(RefCell::new(Vec::new()));
     let log_component = Rc::new(RefCell::new(Vec::new()));
     check(&mut Recording { inner: Shard::new(window::CONFIG), log: Rc::clone(&log_native) });
-    check(&mut Recording { inner: Component::new(window::CONFIG), log: Rc::clone(&log_component) });
+    check(&mut Recording { inner: HealthyShard::new(window::CONFIG), log: Rc::clone(&log_component) });
     let (native, component) = (log_native.take(), log_component.take());
     if let Some(index) = native.iter().zip(&component).position(|(a, b)| a != b) {
         panic!("call {index} differs\n  native:    {:?}\n  component: {:?}", native[index], component[index]);

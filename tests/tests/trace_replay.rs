@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use stile::component::COMPONENT;
-use stile::wasm::{WasmEngine, WasmShard};
 use stile_guest::testing::Cache;
 use stile_guest::{Admission, Commit, EntryState, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, Stats};
+use stile_tests::component::HealthyShard;
 use stile_tests::trace::{self, Trace};
 use wasmtime::component::{Component, Linker, ResourceAny};
 use wasmtime::{Engine, Store};
@@ -236,60 +236,10 @@ fn the_component_replays_the_trace_in_plain_wasmtime() {
     assert_eq!(calls, trace.calls.len());
 }
 
-/// The gateway's wrapper answers like an empty cache after a trap, which
-/// would hide a divergence; so every call also checks it never rebuilt.
-#[derive(Debug)]
-struct Gateway(WasmShard);
-
-impl Gateway {
-    fn healthy<R>(&self, value: R) -> R {
-        assert_eq!(self.0.rebuilds(), 0, "the component trapped and was rebuilt");
-        value
-    }
-}
-
-impl Cache for Gateway {
-    fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
-        let plans = self.0.plan(now_ms, segments);
-        self.healthy(plans)
-    }
-
-    fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
-        self.0.record_commits(now_ms, commits);
-        self.healthy(());
-    }
-
-    fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
-        let admission = self.0.admit(now_ms, partition, window_ms, estimate_hashes);
-        self.healthy(admission)
-    }
-
-    fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-        let result = self.0.hydrate(now_ms, hydration);
-        self.healthy(result)
-    }
-
-    fn expire(&mut self, now_ms: Millis) {
-        self.0.expire(now_ms);
-        self.healthy(());
-    }
-
-    fn forget(&mut self, partition: PartitionId) {
-        self.0.forget(partition);
-        self.healthy(());
-    }
-
-    fn stats(&mut self) -> Stats {
-        let stats = self.0.stats();
-        self.healthy(stats)
-    }
-}
-
 #[test]
 fn the_gateway_wrapper_replays_the_trace() {
     let trace = &checked_in().1;
-    let engine = WasmEngine::new(COMPONENT).expect("compile the embedded component");
-    let mut shard = Gateway(WasmShard::new(&engine, trace.config).expect("instantiate the component"));
+    let mut shard = HealthyShard::new(trace.config);
     trace::replay(trace, &mut shard).unwrap_or_else(|divergence| panic!("the gateway's wrapper diverged: {divergence}"));
 }
 

@@ -26,6 +26,7 @@
 //!                          --cache-mb and --shards) [faults]
 //!   --cache-mb N           plain gateways' cache budget [512]
 //!   --shards N             plain gateways' shards [the cores]
+//!   --engine E             plain gateways' cache engine, wasm or native [wasm]
 //!   --traps-per-million N  g0's injected guest traps [20000]
 //!   --tiny-cache-mb N      g1's cache budget [1]
 //!   --tiny-shards N        g1's shards, sharing that budget [32]
@@ -103,6 +104,7 @@ fn main() -> std::process::ExitCode {
         "roles",
         "cache-mb",
         "shards",
+        "engine",
     ];
     if let Some(unknown) = options.keys().find(|k| !known.contains(&k.as_str())) {
         eprintln!("checker: unknown option --{unknown}");
@@ -146,8 +148,10 @@ fn main() -> std::process::ExitCode {
             "plain" => (0..count.clamp(1, 3))
                 .map(|g| {
                     let mut spec = GatewaySpec::plain(&format!("g{g}")).flag("cache-mb", number("cache-mb", 512.0) as u64);
-                    if let Some(shards) = options.get("shards") {
-                        spec = spec.flag("shards", shards);
+                    for flag in ["shards", "engine"] {
+                        if let Some(value) = options.get(flag) {
+                            spec = spec.flag(flag, value);
+                        }
                     }
                     spec
                 })
