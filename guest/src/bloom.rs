@@ -49,7 +49,7 @@ pub const TIERS: [usize; 4] = [4_096, 32_768, 262_144, 1_048_576];
 /// lines of every filter. With the six or seven live filters of a full-rate
 /// window that keeps a dozen or more line fetches in flight, which is about
 /// what one core can overlap.
-const FETCH_AHEAD: usize = 2;
+const FETCH_AHEAD: usize = 8;
 
 const PROBES_FROM_LOW: usize = 7;
 const PROBE_BITS: u32 = 9;

@@ -14,6 +14,7 @@
 mod generation;
 mod run;
 mod search;
+mod sort;
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;

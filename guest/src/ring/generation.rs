@@ -17,6 +17,7 @@ use alloc::vec::Vec;
 
 use super::run::{BLOCK, Run};
 use super::search::{self, Search};
+use super::sort;
 use crate::api::{Millis, NO_VOUCH, Offset};
 use crate::bloom::Bloom;
 use crate::hash::{HASH_LEN, Hash};
@@ -156,7 +157,7 @@ impl Generation {
         self.reserve_hot(after);
         self.hot.extend_from_slice(hashes);
         for chunk in before / CHUNK..after / CHUNK {
-            self.hot[chunk * CHUNK..(chunk + 1) * CHUNK].sort_unstable();
+            sort::sort(&mut self.hot[chunk * CHUNK..(chunk + 1) * CHUNK]);
         }
         if after == BLOCK {
             self.seal();
@@ -181,7 +182,7 @@ impl Generation {
         let mut block = core::mem::take(&mut self.hot);
         assert_eq!(block.len(), BLOCK);
         debug_assert_eq!(block.capacity(), BLOCK, "the seal must not reallocate");
-        block.sort_unstable();
+        sort::sort(&mut block);
         self.runs.push(Run::single(block.into_boxed_slice()));
         while let [.., older, newer] = self.runs.as_slice()
             && older.block_count() == newer.block_count()
