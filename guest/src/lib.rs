@@ -39,5 +39,6 @@ mod component;
 pub mod testing;
 
 pub use api::*;
+pub use budget::{COOLDOWN_MS, FIT_PERCENT, RECENT_USE_MS};
 pub use hash::{HASH_LEN, Hash};
 pub use shard::Shard;

@@ -165,6 +165,12 @@ impl Shard {
         self.check();
     }
 
+    /// Whether the partition has an entry (in any state). A read only: it
+    /// neither marks the partition used nor expires anything.
+    pub fn is_resident(&self, partition: PartitionId) -> bool {
+        self.entries.contains_key(&partition)
+    }
+
     /// `segments_vouched` counts the segments answered with the entry's
     /// `verified_upto`, which for an empty partition is -1 (PostgreSQL then
     /// has nothing to probe either).
