@@ -61,7 +61,18 @@ impl Run {
         // one that can hold it: every later block starts above it, and an
         // earlier block that also holds it (a repeat spanning a boundary)
         // would make this block's first key equal to it.
-        let block = search::upper_bound(&self.fences, hash).checked_sub(1)?;
+        //
+        // The hashes are uniform, so the block is first guessed from the
+        // hash's value; only the fences on the side it turns out to lie on
+        // are searched, and usually the first one tested settles it.
+        let fences = self.fences.as_slice();
+        let guess = (((hash >> 96) as u64 * fences.len() as u64) >> 32) as usize;
+        let block = if hash < fences[guess] {
+            search::upper_bound(&fences[..guess], hash).checked_sub(1)?
+        } else {
+            guess + search::upper_bound(&fences[guess + 1..], hash)
+        };
+        debug_assert_eq!(Some(block), search::upper_bound(fences, hash).checked_sub(1));
         let high_key = self.fences.get(block + 1).copied().unwrap_or(Hash::MAX);
         Some(Search::new(&self.blocks[block], self.fences[block], high_key, hash, tag))
     }

@@ -24,6 +24,9 @@ use crate::hash::Hash;
 /// The most interpolation steps before the binary search takes over.
 const INTERPOLATIONS: usize = 4;
 
+/// Hashes per 64-byte cache line.
+const KEYS_PER_LINE: usize = 64 / size_of::<Hash>();
+
 /// Ranges at most this long are binary-searched at once: their keys span a
 /// cache line or two, so a guess saves nothing.
 const SHORT: usize = 8;
@@ -121,6 +124,18 @@ impl<'a> Search<'a> {
         }
     }
 
+    /// Fetches the key at `guess` and the lines on either side of it: on
+    /// uniform keys the next guess, from a bound this close, usually lands
+    /// within a line of this one, so the next round finds its key in cache.
+    fn fetch_around(&self, guess: usize) {
+        fetch(&self.keys[guess]);
+        for neighbour in [guess.wrapping_sub(KEYS_PER_LINE), guess + KEYS_PER_LINE] {
+            if (self.low..self.high).contains(&neighbour) {
+                fetch(&self.keys[neighbour]);
+            }
+        }
+    }
+
     /// Fetches the keys [`Search::found`] will read.
     fn fetch_rest(&self) {
         if let Some(first) = self.keys.get(self.low) {
@@ -153,7 +168,7 @@ pub fn resolve(searches: &mut [Search<'_>], guesses: &mut Vec<Option<usize>>, mu
         }
         for (search, guess) in searches.iter().zip(guesses.iter()) {
             if let Some(guess) = *guess {
-                fetch(&search.keys[guess]);
+                search.fetch_around(guess);
             }
         }
         for (search, guess) in searches.iter_mut().zip(guesses.iter()) {
