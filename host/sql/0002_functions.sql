@@ -1,5 +1,9 @@
 -- stile schema, version 2: the functions the gateway calls.
 --
+-- Re-applied whenever this text changes (see host/src/db/migrate.rs), so
+-- every definition is CREATE OR REPLACE. A change of a function's signature
+-- or return type needs a versioned migration that drops the old one first.
+--
 -- Every function that writes takes partition row locks with SELECT ... FOR
 -- UPDATE, several only in ascending id order: the one global lock order.
 
@@ -11,7 +15,7 @@
 -- purge watermark, creating the queue (from defaults) and the partition on
 -- first use. Race-safe: INSERT ... ON CONFLICT DO NOTHING waits for a
 -- concurrent creator, and the SELECT after it (a new snapshot) sees its row.
-CREATE FUNCTION stile.resolve_partition(
+CREATE OR REPLACE FUNCTION stile.resolve_partition(
     p_queue text,
     p_partition text,
     OUT partition_id bigint,
@@ -81,7 +85,7 @@ $$;
 --
 -- probe: 'off' (window 0), 'skipped' (nothing above the bound), 'narrowed'
 -- (bound set by p_verified) or 'full' (bound set by txns_start or -1).
-CREATE FUNCTION stile.push(
+CREATE OR REPLACE FUNCTION stile.push(
     p_partition_ids bigint[],
     p_verified bigint[],
     p_planned_windows integer[],
@@ -208,15 +212,15 @@ BEGIN
         IF v_window = 0 THEN
             v_probe := 'off';
         ELSE
-            v_pv := greatest(coalesce(p_verified[i], -1), -1);
-            IF v_window > coalesce(p_planned_windows[i], 0) THEN
-                -- The cache planned under a shorter window: it may have
-                -- expired hashes the current window still holds.
-                v_pv := -1;
-            END IF;
-            -- The cache vouched for offsets that existed when it planned: a
-            -- later segment of this bundle is probed against earlier ones.
-            v_pv := least(v_pv, v_locked[k]);
+            -- The cache planned under a shorter window: it may have expired
+            -- hashes the current window still holds, so it vouches for
+            -- nothing. And it vouched for offsets that existed when it
+            -- planned: a later segment of this bundle is probed against
+            -- earlier ones. (One expression: each PL/pgSQL statement costs
+            -- about a microsecond, on the path every vouched push takes.)
+            v_pv := least(CASE WHEN v_window > coalesce(p_planned_windows[i], 0) THEN -1
+                               ELSE greatest(coalesce(p_verified[i], -1), -1) END,
+                          v_locked[k]);
             v_from := greatest(v_pv, v_start[k] - 1);
             IF v_last[k] <= v_from THEN
                 v_probe := 'skipped';
@@ -323,7 +327,7 @@ $$;
 
 -- The options a queue is created with, camelCase as Queen's clients send
 -- them: stile's two (dedupWindowSeconds, retentionSeconds) and Queen's.
-CREATE FUNCTION stile.option_defaults()
+CREATE OR REPLACE FUNCTION stile.option_defaults()
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -334,7 +338,7 @@ AS $$
 $$;
 
 -- A queue row's stored options, as stile.configure returns them.
-CREATE FUNCTION stile.queue_options(q stile.queues)
+CREATE OR REPLACE FUNCTION stile.queue_options(q stile.queues)
 RETURNS jsonb
 LANGUAGE sql STABLE
 AS $$
@@ -356,7 +360,7 @@ $$;
 -- Checks one option and returns the value to store: the key's default for a
 -- JSON null, integers normalised (5.0 -> 5). Refuses, naming the key in the
 -- message and in the error's COLUMN field, an unknown key or a bad value.
-CREATE FUNCTION stile.check_option(p_key text, p_value jsonb)
+CREATE OR REPLACE FUNCTION stile.check_option(p_key text, p_value jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -410,7 +414,7 @@ $$;
 -- resets every omitted key to its default; in both, an explicit JSON null
 -- restores that key's default. Every key is checked before anything is
 -- written, and one bad key refuses the whole call.
-CREATE FUNCTION stile.configure(p_queue text, p_options jsonb, p_replace boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION stile.configure(p_queue text, p_options jsonb, p_replace boolean DEFAULT false)
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -463,7 +467,7 @@ $$;
 -- Messages of a partition from an offset on, in offset order, at most p_limit.
 -- created_ms is the segment's created_at in ms since the epoch, rounded up
 -- (the same value stile.push returned for it).
-CREATE FUNCTION stile.read_messages(p_queue text, p_partition text, p_from bigint, p_limit integer)
+CREATE OR REPLACE FUNCTION stile.read_messages(p_queue text, p_partition text, p_from bigint, p_limit integer)
 RETURNS TABLE (
     "offset" bigint,
     message_id uuid,
@@ -499,7 +503,7 @@ $$;
 -- The newest stored message of a partition whose transactionId is p_txn.
 -- p_hash is its 16-byte hash: txns rows are searched newest first for it,
 -- and the stored transactionId is compared to rule out a hash collision.
-CREATE FUNCTION stile.message_by_transaction_id(p_queue text, p_partition text, p_hash bytea, p_txn text)
+CREATE OR REPLACE FUNCTION stile.message_by_transaction_id(p_queue text, p_partition text, p_hash bytea, p_txn text)
 RETURNS TABLE (
     "offset" bigint,
     message_id uuid,
@@ -558,7 +562,7 @@ $$;
 -- only widen the cache's coverage), in one statement and so one snapshot.
 -- An empty window yields one row whose txns columns are NULL; an unknown
 -- partition yields no row. created_ms is rounded up, like stile.push's.
-CREATE FUNCTION stile.hydration(p_partition_id bigint, p_window_seconds integer)
+CREATE OR REPLACE FUNCTION stile.hydration(p_partition_id bigint, p_window_seconds integer)
 RETURNS TABLE (
     last_offset bigint,
     txns_start bigint,
@@ -585,7 +589,7 @@ $$;
 ------------------------------------------------------------------------------
 
 -- Partitions whose queue has a retention, in id order.
-CREATE FUNCTION stile.purge_candidates()
+CREATE OR REPLACE FUNCTION stile.purge_candidates()
 RETURNS SETOF bigint
 LANGUAGE sql STABLE
 AS $$
@@ -602,7 +606,7 @@ $$;
 --     the window -- then raises txns_start past them.
 -- Both deletions remove a prefix in offset order (everything below the first
 -- row still to keep), so txns_start stays exact even if the clock stepped.
-CREATE FUNCTION stile.purge_partition(
+CREATE OR REPLACE FUNCTION stile.purge_partition(
     p_partition_id bigint,
     OUT segments_deleted bigint,
     OUT txns_deleted bigint,

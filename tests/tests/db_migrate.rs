@@ -70,6 +70,34 @@ async fn a_half_migrated_database_is_completed() {
     t.db.resolve_partition("q", "p").await.unwrap();
 }
 
+/// A database migrated by an older build keeps its tables but gets this
+/// build's functions: here `option_defaults` stands in for a function whose
+/// text changed between builds.
+#[tokio::test]
+async fn functions_from_an_older_build_are_replaced_once() {
+    let t = TestDb::unmigrated(1).await;
+    t.db.migrate().await.unwrap();
+    let c = t.client().await;
+    let defaults = || async { c.query_one("SELECT stile.option_defaults()::text", &[]).await.unwrap().get::<_, String>(0) };
+    let current = defaults().await;
+    c.batch_execute(
+        "CREATE OR REPLACE FUNCTION stile.option_defaults() RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT '{}'::jsonb $$; \
+         UPDATE stile.function_sets SET checksum = 'an older build'",
+    )
+    .await
+    .unwrap();
+    assert_eq!(defaults().await, "{}");
+    t.db.migrate().await.unwrap();
+    assert_eq!(defaults().await, current, "the older function was replaced");
+    let sets: i64 = c.query_one("SELECT count(*) FROM stile.function_sets", &[]).await.unwrap().get(0);
+    assert_eq!(sets, 2, "both function sets are on record");
+    // Up to date now: a further start changes nothing.
+    t.db.migrate().await.unwrap();
+    let sets: i64 = c.query_one("SELECT count(*) FROM stile.function_sets", &[]).await.unwrap().get(0);
+    assert_eq!(sets, 2);
+    assert_eq!(applied(&t).await, all_versions());
+}
+
 #[tokio::test]
 async fn an_unreachable_database_is_unavailable() {
     let e = Db::connect("host=127.0.0.1 port=1 user=nobody dbname=x connect_timeout=2", 1).await.unwrap_err();

@@ -16,8 +16,14 @@ pub struct Migration {
 /// The migrations this build knows, in order.
 pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "schema", sql: include_str!("../../sql/0001_schema.sql") },
-    Migration { version: 2, name: "functions", sql: include_str!("../../sql/0002_functions.sql") },
+    Migration { version: 2, name: "functions", sql: FUNCTIONS },
 ];
+
+/// The functions the gateway calls. Unlike the schema they are replaced
+/// whenever their text changes: a database migrated by an older build gets
+/// this build's push function, not just the tables it lacks. Each applied
+/// text is recorded by its checksum in `stile.function_sets`.
+pub const FUNCTIONS: &str = include_str!("../../sql/0002_functions.sql");
 
 /// The key of the transaction-scoped advisory lock that serialises
 /// migrators ("stile" in ASCII).
@@ -27,14 +33,18 @@ const BOOTSTRAP: &str = "CREATE SCHEMA IF NOT EXISTS stile; \
      CREATE TABLE IF NOT EXISTS stile.schema_migrations ( \
          version integer PRIMARY KEY, \
          name text NOT NULL, \
+         applied_at timestamptz NOT NULL DEFAULT now()); \
+     CREATE TABLE IF NOT EXISTS stile.function_sets ( \
+         checksum text PRIMARY KEY, \
          applied_at timestamptz NOT NULL DEFAULT now())";
 
 pub(super) async fn run(client: &mut deadpool_postgres::Client) -> Result<(), DbError> {
     // Up to date already: nothing to lock (and no CREATE privilege needed).
     let latest = MIGRATIONS.last().map_or(0, |m| m.version);
-    if version(client).await? >= latest {
+    if version(client).await? >= latest && functions_current(client).await? {
         return Ok(());
     }
+    let mut functions_applied = false;
     for m in MIGRATIONS {
         let tx = client.transaction().await?;
         // Waits for any other migrator; released by COMMIT or ROLLBACK.
@@ -42,20 +52,47 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client) -> Result<(), Db
         tx.batch_execute(BOOTSTRAP).await?;
         let done = tx.query_opt("SELECT 1 FROM stile.schema_migrations WHERE version = $1", &[&m.version]).await?.is_some();
         if !done {
-            tx.batch_execute(m.sql).await.map_err(|e| {
-                let e = DbError::from(e);
-                match e {
-                    DbError::Postgres { code, message } => {
-                        DbError::Postgres { code, message: format!("migration {} ({}): {message}", m.version, m.name) }
-                    }
-                    other => other,
-                }
-            })?;
+            apply(&tx, &format!("{} ({})", m.version, m.name), m.sql).await?;
             tx.execute("INSERT INTO stile.schema_migrations (version, name) VALUES ($1, $2)", &[&m.version, &m.name]).await?;
+            functions_applied |= m.sql == FUNCTIONS;
         }
         tx.commit().await?;
     }
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+    let checksum = checksum(FUNCTIONS);
+    let recorded = tx.query_opt("SELECT 1 FROM stile.function_sets WHERE checksum = $1", &[&checksum]).await?.is_some();
+    if !recorded {
+        if !functions_applied {
+            apply(&tx, "functions, replaced", FUNCTIONS).await?;
+        }
+        tx.execute("INSERT INTO stile.function_sets (checksum) VALUES ($1)", &[&checksum]).await?;
+    }
+    tx.commit().await?;
     Ok(())
+}
+
+/// Runs one migration's SQL, naming it in the error.
+async fn apply(tx: &tokio_postgres::Transaction<'_>, name: &str, sql: &str) -> Result<(), DbError> {
+    tx.batch_execute(sql).await.map_err(|e| match DbError::from(e) {
+        DbError::Postgres { code, message } => DbError::Postgres { code, message: format!("migration {name}: {message}") },
+        other => other,
+    })
+}
+
+/// Whether this build's functions are the ones installed.
+async fn functions_current(client: &tokio_postgres::Client) -> Result<bool, DbError> {
+    let exists: bool = client.query_one("SELECT to_regclass('stile.function_sets') IS NOT NULL", &[]).await?.try_get(0)?;
+    if !exists {
+        return Ok(false);
+    }
+    let row = client.query_opt("SELECT 1 FROM stile.function_sets WHERE checksum = $1", &[&checksum(FUNCTIONS)]).await?;
+    Ok(row.is_some())
+}
+
+/// The checksum recorded for an applied function set: xxh3-64 of its text.
+fn checksum(sql: &str) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(sql.as_bytes()))
 }
 
 pub(super) async fn version(client: &tokio_postgres::Client) -> Result<i32, DbError> {
