@@ -70,6 +70,7 @@ pub fn upper_bound(keys: &[Hash], hash: Hash) -> usize {
 }
 
 /// Whether the ascending `keys` hold `hash`.
+#[cfg(test)]
 pub fn contains(keys: &[Hash], hash: Hash) -> bool {
     keys.get(lower_bound(keys, hash)) == Some(&hash)
 }
