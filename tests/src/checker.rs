@@ -118,7 +118,8 @@ pub struct Config {
     pub request_deadline: Duration,
     pub max_attempts: u32,
     pub queue: String,
-    /// The window outside the short period; at least the run's length.
+    /// The window outside the short period. Shorter than the run, ids leave
+    /// it and may be stored again; the checks allow for that.
     pub long_window_seconds: i32,
 }
 

@@ -34,6 +34,8 @@
 //!   --kill-downtime-ms N   how long a killed gateway stays down [1000]
 //!   --pg-restart-every S   restart PostgreSQL this often, 0 for never [60]
 //!   --short-window S       the short window, 0 for no window change [3]
+//!   --window S             the queue's window outside the short period
+//!                          [3600, or twice the run if longer]
 //!   --database-url URL     use this database (default: a fresh one on
 //!                          STILE_TEST_DATABASE_URL's server, dropped at the end)
 //!
@@ -48,12 +50,13 @@
 //!     --kill-every 0 --pg-restart-every 0 --short-window 0
 //! ```
 //!
-//! Soak: the highest rate the machine sustains (closed loop), no faults,
-//! memory flat and latency percentiles printed:
+//! Soak: the highest rate the machine sustains (closed loop), no faults, a
+//! 60 s window so that the cache reaches its steady state a minute in, memory
+//! flat from then on and latency percentiles printed:
 //!
 //! ```text
-//! checker --roles plain --gateways 2 --seconds 600 --rate 0 --producers 32 \
-//!     --kill-every 0 --pg-restart-every 0 --short-window 0
+//! checker --roles plain --gateways 1 --seconds 300 --window 60 --rate 0 \
+//!     --producers 32 --kill-every 0 --pg-restart-every 0 --short-window 0
 //! ```
 //!
 //! The PostgreSQL restart is `pg_ctlcluster --skip-systemctl-redirect VERSION
@@ -105,6 +108,7 @@ fn main() -> std::process::ExitCode {
         "cache-mb",
         "shards",
         "engine",
+        "window",
     ];
     if let Some(unknown) = options.keys().find(|k| !known.contains(&k.as_str())) {
         eprintln!("checker: unknown option --{unknown}");
@@ -133,7 +137,7 @@ fn main() -> std::process::ExitCode {
         config.max_batch = number("max-batch", 8.0) as usize;
         config.repeat_percent = number("repeat-percent", 15.0) as u32;
         config.shared_percent = number("shared-percent", 4.0) as u32;
-        config.long_window_seconds = 3600.max(seconds as i32 * 2);
+        config.long_window_seconds = number("window", 3600.0_f64.max(seconds * 2.0)) as i32;
         let count = number("gateways", 3.0) as usize;
         config.gateways = match options.get("roles").map_or("faults", String::as_str) {
             "faults" => {
