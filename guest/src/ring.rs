@@ -42,8 +42,9 @@ pub fn capacity_for(held: usize) -> usize {
 /// smallest tier to the largest in three generations (4,096, then 32,768,
 /// then 262,144), where sizing by the held count alone makes about a dozen
 /// small generations that each stay live for a whole window. It also bounds
-/// what a burst followed by silence costs: one generation whose filter is
-/// sized for at most eight times the hashes held.
+/// what a burst followed by silence costs: one generation of the smallest
+/// tier of at least twice the hashes held ([`capacity_for`] of eight times
+/// them), so less than sixteen times them.
 pub const PROJECTION_LIMIT: usize = 8;
 
 /// One partition's generations, oldest first.
