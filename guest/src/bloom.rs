@@ -54,6 +54,9 @@ pub const TIERS: [usize; 4] = [4_096, 32_768, 262_144, 1_048_576];
 /// occupies the core until its line arrives.
 const FETCH_GROUP: usize = 8;
 
+/// The line shift of a deferred filter: two lines, both full.
+const DEFERRED_SHIFT: u32 = 63;
+
 const PROBES_FROM_LOW: usize = 7;
 const PROBE_BITS: u32 = 9;
 const WORDS: usize = LINE_BITS / 64;
@@ -87,6 +90,32 @@ impl Bloom {
         // smallest tier has 128 lines.
         assert!(line_shift < 64);
         Bloom { lines: vec![Line::EMPTY; line_count], line_shift, capacity }
+    }
+
+    /// A filter for `capacity` hashes whose bits are not allocated yet. Until
+    /// [`Bloom::build`] it answers "maybe" for every hash: two lines with
+    /// every bit set stand in for it (so the probe path has no branch for
+    /// this case), and an insert leaves them as they are. A generation holding
+    /// a handful of hashes checks them exactly instead of carrying a filter
+    /// sized for thousands.
+    pub fn deferred(capacity: usize) -> Bloom {
+        assert!(capacity.is_power_of_two() && capacity >= HASHES_PER_LINE);
+        Bloom { lines: vec![Line::FULL; 2], line_shift: DEFERRED_SHIFT, capacity }
+    }
+
+    /// Whether the filter's bits are allocated (it can answer "no").
+    pub fn is_built(&self) -> bool {
+        self.line_shift != DEFERRED_SHIFT
+    }
+
+    /// Allocates a deferred filter's bits and inserts `held`, every hash
+    /// the generation holds so far.
+    pub fn build(&mut self, held: &[Hash]) {
+        assert!(!self.is_built());
+        *self = Bloom::new(self.capacity);
+        for &hash in held {
+            self.insert(hash);
+        }
     }
 
     /// The number of hashes the filter is sized for.
@@ -184,6 +213,7 @@ const _: () = assert!(size_of::<Line>() * 8 == LINE_BITS);
 
 impl Line {
     const EMPTY: Line = Line([0; WORDS]);
+    const FULL: Line = Line([u64::MAX; WORDS]);
 
     /// Whether every bit of `mask` is set.
     ///

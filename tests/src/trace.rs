@@ -554,7 +554,7 @@ pub fn record() -> Trace {
 
     // -- Window changes, and window 0. ---------------------------------------
     now += 1_000;
-    let k = pg.fresh(2);
+    let k = pg.fresh(72);
     r.note("partition 1's window doubled: rebuild");
     assert_eq!(answer(&r.plan(now, vec![seg(1, 2 * W, &k)])), (-1, vec![], Rebuild));
     r.note("sticky: the old window does not bring it back");
@@ -563,9 +563,10 @@ pub fn record() -> Trace {
     assert_eq!(r.admit(now, 1, 2 * W, 30), Hydrate);
     assert_eq!(r.hydrate(now, pg.read(1, 2 * W, SLACK, now)), Ok(()));
     r.note("under the doubled window the expired hashes are held again");
-    assert_eq!(answer(&r.plan(now, vec![seg(1, 2 * W, &concat(&[&k, &pick(&a, &[0])]))])), (-1, vec![2], Vouching));
+    assert_eq!(answer(&r.plan(now, vec![seg(1, 2 * W, &concat(&[&k, &pick(&a, &[0])]))])), (-1, vec![72], Vouching));
     assert_eq!(answer(&r.plan(now, vec![seg(1, 2 * W, &k)])), (15, vec![], Vouching));
     let commit = pg.commit(1, now, k);
+    r.note("72 hashes committed at once: the generation passes 64 and builds its bloom filter");
     r.record_commits(now, vec![commit]);
     r.note("window 0 turns deduplication off: -1, cold, and partition 2's entry is dropped");
     assert_eq!(answer(&r.plan(now, vec![seg(2, 0, &pg.fresh(1))])), (-1, vec![], Cold));
@@ -577,12 +578,12 @@ pub fn record() -> Trace {
 
     // -- Budget pressure: suppression, cooldown, eviction. -------------------
     now += 1_000;
-    let history = pg.fresh(40);
+    let history = pg.fresh(100);
     pg.commit(3, now - 10_000, history);
-    r.note("partition 3 has history: admitted and hydrated with 40 hashes");
-    assert_eq!(r.admit(now, 3, W, 40), Hydrate);
+    r.note("partition 3 has history: admitted and hydrated with 100 hashes");
+    assert_eq!(r.admit(now, 3, W, 100), Hydrate);
     assert_eq!(r.hydrate(now, pg.read(3, W, SLACK, now)), Ok(()));
-    assert_eq!(answer(&r.plan(now, vec![seg(3, W, &pg.fresh(1))])), (39, vec![], Vouching));
+    assert_eq!(answer(&r.plan(now, vec![seg(3, W, &pg.fresh(1))])), (99, vec![], Vouching));
     r.stats();
     let history = pg.fresh(800);
     pg.commit(4, now - 10_000, history);
@@ -594,7 +595,7 @@ pub fn record() -> Trace {
     now += 10_000;
     r.note("during the 30 s cooldown the gate is not re-tested, though 1 and 3 are idle now");
     assert_eq!(r.admit(now, 4, W, 800), Suppressed);
-    assert_eq!(answer(&r.plan(now, vec![seg(3, W, &pg.fresh(1))])), (39, vec![], Vouching));
+    assert_eq!(answer(&r.plan(now, vec![seg(3, W, &pg.fresh(1))])), (99, vec![], Vouching));
     now += 21_000;
     r.note("the cooldown is over: it fits once the least recently used idle partition, 1, is evicted");
     assert_eq!(r.admit(now, 4, W, 800), Hydrate);

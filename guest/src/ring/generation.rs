@@ -28,10 +28,18 @@ pub const CHUNK: usize = 256;
 /// Accounted bytes of a generation besides its filter and its hashes.
 pub const GENERATION_OVERHEAD: usize = 256;
 
+/// A generation allocates its filter once it holds this many hashes. Below,
+/// its filter is deferred (it answers "maybe") and every lookup is an exact
+/// check of fewer hashes than this in the hot buffer: cheaper than carrying
+/// the 8 KiB filter of the smallest tier for a partition that holds a
+/// handful of messages, and what lets a shard hold many such partitions.
+pub const FILTER_FROM: usize = 64;
+
 /// The smallest capacity the hot buffer starts at.
 const HOT_START: usize = 16;
 
 const _: () = assert!(BLOCK.is_multiple_of(CHUNK) && BLOCK.is_power_of_two() && HOT_START.is_power_of_two());
+const _: () = assert!(FILTER_FROM < BLOCK);
 
 #[derive(Debug)]
 pub struct Generation {
@@ -52,7 +60,7 @@ impl Generation {
     pub fn new(capacity: usize) -> Generation {
         assert!(capacity.is_power_of_two() && capacity >= BLOCK);
         Generation {
-            bloom: Bloom::new(capacity),
+            bloom: Bloom::deferred(capacity),
             hot: Vec::new(),
             runs: Vec::new(),
             len: 0,
@@ -113,6 +121,11 @@ impl Generation {
         self.max_offset = self.max_offset.max(last_offset);
         self.min_created_ms = self.min_created_ms.min(created_ms);
         self.max_created_ms = self.max_created_ms.max(created_ms);
+        if !self.bloom.is_built() && self.len + hashes.len() >= FILTER_FROM {
+            // Fewer than `FILTER_FROM < BLOCK` hashes: all in the hot buffer.
+            debug_assert!(self.runs.is_empty() && self.hot.len() == self.len);
+            self.bloom.build(&self.hot);
+        }
         for &hash in hashes {
             self.bloom.insert(hash);
         }
@@ -286,6 +299,25 @@ mod tests {
         let held = hashes(5, 2_000);
         generation.append(0, 0, &held);
         assert!(held.iter().all(|&hash| generation.bloom().may_contain(hash)));
+    }
+
+    #[test]
+    fn the_filter_is_built_when_the_generation_reaches_filter_from() {
+        let mut generation = Generation::new(TIERS[0]);
+        let held = hashes(7, FILTER_FROM + 10);
+        // Below the threshold: no filter bits, every lookup an exact check.
+        generation.append(0, 0, &held[..FILTER_FROM - 1]);
+        assert!(!generation.bloom().is_built());
+        assert!(generation.bytes() < GENERATION_OVERHEAD + FILTER_FROM * HASH_LEN + 256);
+        assert!(generation.bloom().may_contain(hashes(8, 1)[0]), "a deferred filter answers maybe");
+        assert!(held[..FILTER_FROM - 1].iter().all(|&hash| generation.contains(hash)));
+        // One commit that crosses it builds the filter over everything held.
+        generation.append(FILTER_FROM as Offset - 1, 0, &held[FILTER_FROM - 1..]);
+        assert!(generation.bloom().is_built());
+        assert!(generation.bytes() >= TIERS[0] * 2);
+        assert!(held.iter().all(|&hash| generation.bloom().may_contain(hash) && generation.contains(hash)));
+        let strangers = hashes(9, 1_000);
+        assert!(strangers.iter().filter(|&&hash| generation.bloom().may_contain(hash)).count() < 10);
     }
 
     #[test]
