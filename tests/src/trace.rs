@@ -404,7 +404,7 @@ pub fn record() -> Trace {
     /// Small enough that a few partitions with one bloom generation each
     /// (about 8.5 KiB apiece) crowd it, so that the gate refuses and evicts
     /// within a few hundred hashes.
-    const BUDGET: u64 = 32 * 1024;
+    const BUDGET: u64 = 47 * 1024;
 
     /// One plan's answer, for the checks that keep the notes true.
     fn answer(plans: &[Plan]) -> (Offset, Vec<u32>, EntryState) {
@@ -585,20 +585,23 @@ pub fn record() -> Trace {
     assert_eq!(r.hydrate(now, pg.read(3, W, SLACK, now)), Ok(()));
     assert_eq!(answer(&r.plan(now, vec![seg(3, W, &pg.fresh(1))])), (99, vec![], Vouching));
     r.stats();
-    let history = pg.fresh(800);
+    let history = pg.fresh(1000);
     pg.commit(4, now - 10_000, history);
-    r.note("partition 4's 800 hashes (estimated at 18 bytes each) fit only by evicting 1 or 3, both used within 5 s: suppressed");
-    assert_eq!(r.admit(now, 4, W, 800), Suppressed);
+    r.note(
+        "partition 4 holds 1,000 hashes, which the host estimates at 1,200 (18 bytes each): \
+         they fit only by evicting 1 or 3, both used within 5 s: suppressed",
+    );
+    assert_eq!(r.admit(now, 4, W, 1200), Suppressed);
     r.note("a suppressed partition answers -1");
     assert_eq!(answer(&r.plan(now, vec![seg(4, W, &pg.fresh(1))])), (-1, vec![], EntryState::Suppressed));
     assert_eq!(r.stats().suppressed, 1);
     now += 10_000;
     r.note("during the 30 s cooldown the gate is not re-tested, though 1 and 3 are idle now");
-    assert_eq!(r.admit(now, 4, W, 800), Suppressed);
+    assert_eq!(r.admit(now, 4, W, 1200), Suppressed);
     assert_eq!(answer(&r.plan(now, vec![seg(3, W, &pg.fresh(1))])), (99, vec![], Vouching));
     now += 21_000;
     r.note("the cooldown is over: it fits once the least recently used idle partition, 1, is evicted");
-    assert_eq!(r.admit(now, 4, W, 800), Hydrate);
+    assert_eq!(r.admit(now, 4, W, 1200), Hydrate);
     assert_eq!(r.hydrate(now, pg.read(4, W, SLACK, now)), Ok(()));
     let stats = r.stats();
     assert_eq!((stats.entries, stats.evictions, stats.suppressed), (2, 1, 0));

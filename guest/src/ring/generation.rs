@@ -104,9 +104,13 @@ impl Generation {
         self.max_created_ms
     }
 
-    /// The accounted footprint: filter, hashes and a fixed overhead.
+    /// The accounted footprint: filter, hashes and a fixed overhead. The hot
+    /// buffer counts by its capacity, not its length: it grows by doubling,
+    /// and for the many partitions that hold a few hashes its spare room is
+    /// most of what they allocate (`guest/tests/footprint.rs`).
     pub fn bytes(&self) -> usize {
-        GENERATION_OVERHEAD + self.bloom.bytes() + self.len * HASH_LEN
+        let sealed = self.len - self.hot.len();
+        GENERATION_OVERHEAD + self.bloom.bytes() + (sealed + self.hot.capacity()) * HASH_LEN
     }
 
     /// Appends hashes committed at the contiguous offsets `first_offset..`.
