@@ -50,6 +50,19 @@ pub fn encode(hashes: &[Hash]) -> Vec<u8> {
     bytes
 }
 
+/// `n` deterministic, uniformly spread hashes for the unit tests (a linear
+/// congruential stream, its state folded and rotated into both halves).
+#[cfg(test)]
+pub fn test_hashes(seed: u64, n: usize) -> Vec<Hash> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            u128::from(state ^ (state >> 31)) << 64 | u128::from(state.rotate_left(41))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

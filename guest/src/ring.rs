@@ -190,15 +190,7 @@ mod tests {
     use super::*;
     use alloc::vec;
 
-    fn hashes(seed: u64, n: usize) -> Vec<Hash> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                u128::from(state) << 64 | u128::from(state.rotate_left(29))
-            })
-            .collect()
-    }
+    use crate::hash::test_hashes as hashes;
 
     #[test]
     fn capacity_tiers_follow_the_held_count() {

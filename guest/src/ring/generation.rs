@@ -224,15 +224,7 @@ mod tests {
     use super::*;
     use crate::bloom::TIERS;
 
-    fn hashes(seed: u64, n: usize) -> Vec<Hash> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                u128::from(state) << 64 | u128::from(state.rotate_left(17))
-            })
-            .collect()
-    }
+    use crate::hash::test_hashes as hashes;
 
     #[test]
     fn appends_track_offsets_and_time() {

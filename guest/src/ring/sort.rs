@@ -74,15 +74,7 @@ pub fn sort(keys: &mut [Hash]) {
 mod tests {
     use super::*;
 
-    fn uniform(seed: u64, n: usize) -> Vec<Hash> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                u128::from(state ^ (state >> 31)) << 64 | u128::from(state.rotate_left(41))
-            })
-            .collect()
-    }
+    use crate::hash::test_hashes as uniform;
 
     fn sorts_like_the_standard_sort(keys: Vec<Hash>) {
         let mut expected = keys.clone();
