@@ -54,7 +54,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt::{self, Write as _};
-use std::io::{BufRead as _, BufReader, Read};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, RwLock};
@@ -68,7 +68,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::gateway::{Client, stile_binary};
+use crate::gateway::{Client, each_line, stile_binary};
 
 mod vitals;
 
@@ -367,40 +367,29 @@ impl Drop for Node {
     }
 }
 
-/// Reads a child's stream on a thread of its own.
+/// Reads a child's stream on a thread of its own into the node's log,
+/// counting trap lines and handing the "listening on" address to `ready`.
 fn drain(
     stream: impl Read + Send + 'static,
     log: Arc<Mutex<NodeLog>>,
     label: String,
     ready: Option<Arc<Mutex<Option<oneshot::Sender<SocketAddr>>>>>,
 ) {
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stream);
-        let mut buffer = Vec::new();
-        loop {
-            buffer.clear();
-            match reader.read_until(b'\n', &mut buffer) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let line = String::from_utf8_lossy(&buffer);
-                    let line = line.trim_end();
-                    if let Some(ready) = &ready
-                        && let Some(addr) = listening_addr(line)
-                        && let Some(tx) = ready.lock().expect("not poisoned").take()
-                    {
-                        let _ = tx.send(addr);
-                    }
-                    let mut log = log.lock().expect("not poisoned");
-                    if line.contains(TRAP_LINE) {
-                        log.traps += 1;
-                    }
-                    if log.tail.len() == TAIL_LINES {
-                        log.tail.pop_front();
-                    }
-                    log.tail.push_back(format!("[{label}] {line}"));
-                }
-            }
+    let _closed = each_line(stream, move |line| {
+        if let Some(ready) = &ready
+            && let Some(addr) = listening_addr(line)
+            && let Some(tx) = ready.lock().expect("not poisoned").take()
+        {
+            let _ = tx.send(addr);
         }
+        let mut log = log.lock().expect("not poisoned");
+        if line.contains(TRAP_LINE) {
+            log.traps += 1;
+        }
+        if log.tail.len() == TAIL_LINES {
+            log.tail.pop_front();
+        }
+        log.tail.push_back(format!("[{label}] {line}"));
     });
 }
 
@@ -1166,9 +1155,6 @@ async fn restart(index: usize, node: &mut Node, book: &AddressBook, log: &mut Fa
 /// The last `/metrics` of one incarnation of one gateway.
 #[derive(Clone, Debug, Default)]
 struct Scrape {
-    max_suppressed: u64,
-    max_evictions: u64,
-    max_bytes: u64,
     rebuilds: u64,
     probes: BTreeMap<String, u64>,
     unavailable: u64,
@@ -1203,9 +1189,6 @@ async fn scrape_all(book: &AddressBook, scraped: &Mutex<HashMap<(usize, u32), Sc
         let mut scraped = scraped.lock().expect("not poisoned");
         let scrape = scraped.entry((index, incarnation)).or_default();
         scrape.samples.push(Sample::from_metrics(&text, t0.elapsed().as_secs_f64()));
-        scrape.max_suppressed = scrape.max_suppressed.max(sum_series(&text, "stile_cache_suppressed_partitions"));
-        scrape.max_evictions = scrape.max_evictions.max(sum_series(&text, "stile_cache_evictions"));
-        scrape.max_bytes = scrape.max_bytes.max(sum_series(&text, "stile_cache_bytes"));
         scrape.rebuilds = sum_series(&text, "stile_cache_instance_rebuilds");
         scrape.unavailable = sum_series(&text, "stile_database_unavailable_total");
         for probe in ["skipped", "narrowed", "full", "off"] {
@@ -1235,11 +1218,12 @@ pub(crate) fn sum_series(text: &str, name: &str) -> u64 {
 fn summarise_scrapes(scraped: &HashMap<(usize, u32), Scrape>, nodes: &[Node], report: &mut Report) {
     for (index, node) in nodes.iter().enumerate() {
         let mine: Vec<&Scrape> = scraped.iter().filter(|((i, _), _)| *i == index).map(|(_, s)| s).collect();
-        let suppressed = mine.iter().map(|s| s.max_suppressed).max().unwrap_or(0);
-        let evictions: u64 = mine.iter().map(|s| s.max_evictions).sum();
+        let peak = |scrape: &Scrape, of: fn(&Sample) -> u64| scrape.samples.iter().map(of).max().unwrap_or(0);
+        let suppressed = mine.iter().map(|s| peak(s, |x| x.suppressed)).max().unwrap_or(0);
+        let evictions: u64 = mine.iter().map(|s| peak(s, |x| x.evictions)).sum();
         let rebuilds: u64 = mine.iter().map(|s| s.rebuilds).sum();
         let unavailable: u64 = mine.iter().map(|s| s.unavailable).sum();
-        let max_bytes = mine.iter().map(|s| s.max_bytes).max().unwrap_or(0);
+        let max_bytes = mine.iter().map(|s| peak(s, |x| x.cache_bytes)).max().unwrap_or(0);
         report.max_suppressed = report.max_suppressed.max(suppressed);
         report.max_evictions += evictions;
         let mut probes: BTreeMap<String, u64> = BTreeMap::new();

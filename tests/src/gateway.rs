@@ -215,14 +215,33 @@ impl Drop for Process {
     }
 }
 
-/// Reads `stream` line by line into `output` on a thread of its own; the
-/// returned receiver resolves at end of file.
+/// Records each line of a child's stream in `output`, then hands it to
+/// `on_line`. The receiver resolves when the stream closes.
 fn drain(
     stream: impl Read + Send + 'static,
     output: Arc<Mutex<Output>>,
     is_stderr: bool,
     mut on_line: impl FnMut(&str) + Send + 'static,
 ) -> oneshot::Receiver<()> {
+    each_line(stream, move |line| {
+        {
+            let mut output = output.lock().expect("not poisoned");
+            if is_stderr {
+                output.stderr.push(line.to_owned());
+                output.lines.push(format!("[err] {line}"));
+            } else {
+                output.lines.push(format!("[out] {line}"));
+            }
+        }
+        // After recording it, so that whoever the line wakes sees it.
+        on_line(line);
+    })
+}
+
+/// Reads a child's stream line by line on a thread of its own (invalid
+/// UTF-8 replaced, the line ending removed) and hands each line to
+/// `on_line`. The receiver resolves when the stream closes.
+pub fn each_line(stream: impl Read + Send + 'static, mut on_line: impl FnMut(&str) + Send + 'static) -> oneshot::Receiver<()> {
     let (closed_tx, closed_rx) = oneshot::channel();
     std::thread::spawn(move || {
         let mut reader = BufReader::new(stream);
@@ -231,21 +250,7 @@ fn drain(
             buffer.clear();
             match reader.read_until(b'\n', &mut buffer) {
                 Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let line = String::from_utf8_lossy(&buffer);
-                    let line = line.trim_end_matches(['\n', '\r']);
-                    {
-                        let mut output = output.lock().expect("not poisoned");
-                        if is_stderr {
-                            output.stderr.push(line.to_owned());
-                            output.lines.push(format!("[err] {line}"));
-                        } else {
-                            output.lines.push(format!("[out] {line}"));
-                        }
-                    }
-                    // After recording it, so that whoever the line wakes sees it.
-                    on_line(line);
-                }
+                Ok(_) => on_line(String::from_utf8_lossy(&buffer).trim_end_matches(['\n', '\r'])),
             }
         }
         let _ = closed_tx.send(());
