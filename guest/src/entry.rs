@@ -143,8 +143,11 @@ impl Entry {
     }
 
     /// Answers one segment: `verified_upto` when the entry vouches and holds
-    /// none of the segment's hashes; otherwise -1, with the indexes it holds
-    /// in `hits` (a hint for the host, never a verdict).
+    /// none of the segment's hashes. When it vouches but holds some (their
+    /// indexes go to `hits`, a hint for the host, never a verdict), the
+    /// answer is narrowed to just below the oldest place in the ring that
+    /// holds one of them, so that PostgreSQL's probe still finds every
+    /// original and the first occurrence of each. Otherwise -1.
     ///
     /// A segment under another window than the entry's marks it for rebuild:
     /// its expiry was computed under the old window. A malformed segment
@@ -160,10 +163,17 @@ impl Entry {
         if !hash::decode_into(hashes, &mut workspace.hashes) || u32::try_from(workspace.hashes.len()).is_err() {
             return Answer::NONE;
         }
-        let maybes = self.ring.find(&workspace.hashes, &mut workspace.ring, hits);
+        let found = self.ring.find(&workspace.hashes, &mut workspace.ring, hits);
         let vouched = hits.is_empty();
-        let p_verified = if vouched { self.verified_upto } else { NO_VOUCH };
-        Answer { p_verified, vouched, checked: workspace.hashes.len(), maybes }
+        let p_verified = if vouched {
+            self.verified_upto
+        } else {
+            // The hashes not found occur nowhere in (hydrated_from,
+            // verified_upto]; those found occur nowhere below the floor.
+            assert!(found.floor <= self.verified_upto);
+            found.floor - 1
+        };
+        Answer { p_verified, vouched, checked: workspace.hashes.len(), maybes: found.maybes }
     }
 
     /// Records one segment PostgreSQL committed at `base_offset`.
@@ -274,7 +284,8 @@ mod tests {
         assert_eq!((entry.hydrated_from(), entry.verified_upto()), (3, 9));
         assert_eq!((entry.condition(), entry.held()), (Condition::Vouching, 5));
         assert_eq!(plan(&mut entry, &[9, 10]), (9, vec![]));
-        assert_eq!(plan(&mut entry, &[9, 2, 10, 5]), (NO_VOUCH, vec![1, 3]));
+        // 2 and 5 were committed at 5 and 8: probe from 5.
+        assert_eq!(plan(&mut entry, &[9, 2, 10, 5]), (4, vec![1, 3]));
         let empty = hydrated(41, &[]);
         assert_eq!((empty.hydrated_from(), empty.verified_upto()), (41, 41));
     }
@@ -317,7 +328,25 @@ mod tests {
         record(&mut entry, 2, 110, &[3]);
         assert_eq!((entry.verified_upto(), entry.held()), (2, 3));
         assert_eq!(plan(&mut entry, &[4]), (2, vec![]));
-        assert_eq!(plan(&mut entry, &[3, 3, 4]), (NO_VOUCH, vec![0, 1]), "repeats within a segment all hit");
+        // 3 was committed at 2: probe from there.
+        assert_eq!(plan(&mut entry, &[3, 3, 4]), (1, vec![0, 1]), "repeats within a segment all hit");
+    }
+
+    #[test]
+    fn a_local_hit_narrows_the_answer_to_below_the_place_holding_it() {
+        let mut entry = hydrated(-1, &[]);
+        for offset in 0..1_000 {
+            record(&mut entry, offset, 100, &[offset as Hash]);
+        }
+        assert_eq!(entry.verified_upto(), 999);
+        for original in [990, 600, 3] {
+            let (p_verified, hits) = plan(&mut entry, &[5_000, original as Hash]);
+            assert_eq!(hits, [1]);
+            // At most one chunk below the original, and never at or above it.
+            assert!(p_verified < original && original - p_verified <= 256, "{original}: {p_verified}");
+        }
+        // The oldest hit decides.
+        assert_eq!(plan(&mut entry, &[990, 3]).0, NO_VOUCH);
     }
 
     #[test]
@@ -379,11 +408,11 @@ mod tests {
         assert_eq!(entry.generation_count(), 2);
         // Not yet: the first generation's newest hash is exactly at the edge.
         assert_eq!(entry.expire(1_000 + 60_000 + 5_000, 5_000), 0);
-        assert_eq!(plan(&mut entry, &[17]), (NO_VOUCH, vec![0]));
+        assert_eq!(plan(&mut entry, &[17]), (NO_VOUCH, vec![0]), "its run begins at offset 0");
         assert_eq!(entry.expire(1_001 + 60_000 + 5_000, 5_000), 1);
         assert_eq!((entry.hydrated_from(), entry.held()), (4_095, 1));
         assert_eq!(plan(&mut entry, &[17]), (4_096, vec![]));
-        assert_eq!(plan(&mut entry, &[7_777]), (NO_VOUCH, vec![0]));
+        assert_eq!(plan(&mut entry, &[7_777]), (4_095, vec![0]), "committed at 4,096");
         // A window beyond i64 milliseconds never expires anything.
         let mut forever = Entry::hydrate(u64::MAX, 0, &[row(0, 0, &encode(&[1]))], &mut Workspace::default()).unwrap();
         assert_eq!(forever.expire(Millis::MAX, u32::MAX), 0);

@@ -10,6 +10,13 @@
 //! the window plus the skew slack, so the resident set is always a superset
 //! of the in-window hashes. A superset can only cause a false local hit (one
 //! extra SQL probe), never a false "no duplicate".
+//!
+//! A lookup that finds hashes also bounds where they were committed: every
+//! chunk, run and generation holds the hashes of a range of offsets, and
+//! every place that can hold a found hash is searched, so no found hash
+//! occurs in the ring below the lowest first offset of the places holding
+//! them ([`Found::floor`]). That lets a segment with a local hit be probed
+//! from there instead of across the whole window.
 
 mod generation;
 mod run;
@@ -61,6 +68,25 @@ pub struct Expired {
     pub generations: usize,
     /// The highest offset of the dropped generations, or `NO_VOUCH`.
     pub max_offset: Offset,
+}
+
+/// One hash of a batch found in the ring: its index in the batch, and the
+/// first offset of the chunk or run holding it, at or below the offset at
+/// which that occurrence was committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hit {
+    pub index: u32,
+    pub floor: Offset,
+}
+
+/// What a batch check saw besides which hashes it found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// Bloom "maybe" answers: the exact checks it took.
+    pub maybes: usize,
+    /// The lowest floor of any hit: none of the hashes found occurs in the
+    /// ring below it. `Offset::MAX` when nothing was found.
+    pub floor: Offset,
 }
 
 /// Buffers a batch check reuses from call to call.
@@ -147,13 +173,16 @@ impl Ring {
     }
 
     /// Replaces `hits` with the indexes of `hashes` that some generation
-    /// holds, ascending, and answers how many bloom "maybe"s it took.
+    /// holds, ascending, and answers how many bloom "maybe"s it took and the
+    /// floor below which none of them occurs in the ring.
     ///
     /// Every hash is probed through every generation's filter first, in one
     /// pass (see [`bloom::maybe_many`]); only the "maybe"s fall through to
     /// their generation's exact check, and a definite miss touches nothing
-    /// else.
-    pub fn find(&self, hashes: &[Hash], scratch: &mut Scratch, hits: &mut Vec<u32>) -> usize {
+    /// else. A filter has no false negatives, so every generation holding a
+    /// hash is checked, and in it every place that can hold it: the floor
+    /// is the lowest of them all.
+    pub fn find(&self, hashes: &[Hash], scratch: &mut Scratch, hits: &mut Vec<u32>) -> Found {
         let Scratch { maybes, hit_words, guesses } = scratch;
         hit_words.clear();
         hit_words.resize(hashes.len().div_ceil(64), 0);
@@ -162,14 +191,17 @@ impl Ring {
         bloom::maybe_many(&filters, hashes, maybes);
         // The hot buffers are checked at once (they are in cache); the
         // sealed blocks are searched together, so that their cache misses
-        // overlap. A hash found in a hot buffer needs no search, but one
-        // that several generations may hold is searched in each of them.
+        // overlap.
         let mut searches = Vec::new();
-        let mut hit = |index: u32| hit_words[index as usize / 64] |= 1 << (index % 64);
+        let mut floor = Offset::MAX;
+        let mut hit = |found: Hit| {
+            hit_words[found.index as usize / 64] |= 1 << (found.index % 64);
+            floor = floor.min(found.floor);
+        };
         for maybe in maybes.iter() {
             let generation = &self.generations[self.generations.len() - 1 - maybe.filter as usize];
-            if generation.check(hashes[maybe.index as usize], maybe.index, &mut searches) {
-                hit(maybe.index);
+            if let Some(hot_floor) = generation.check(hashes[maybe.index as usize], maybe.index, &mut searches) {
+                hit(Hit { index: maybe.index, floor: hot_floor });
             }
         }
         search::resolve(&mut searches, guesses, &mut hit);
@@ -181,7 +213,8 @@ impl Ring {
                 word &= word - 1;
             }
         }
-        maybes.len()
+        debug_assert_eq!(hits.is_empty(), floor == Offset::MAX);
+        Found { maybes: maybes.len(), floor }
     }
 }
 
@@ -268,14 +301,62 @@ mod tests {
         let batch = vec![strangers[0], held[5], strangers[1], held[5_999], held[5], strangers[2]];
         let mut scratch = Scratch::default();
         let mut hits = vec![42];
-        let maybes = ring.find(&batch, &mut scratch, &mut hits);
+        let found = ring.find(&batch, &mut scratch, &mut hits);
         assert_eq!(hits, [1, 3, 4]);
-        assert!(maybes >= 3);
+        assert!(found.maybes >= 3);
+        assert!(found.floor <= 105, "held[5] was committed at 105");
         // A long batch of strangers: false positives are possible in the
         // filters, never in the answer.
-        let maybes = ring.find(&strangers, &mut scratch, &mut hits);
-        assert!(hits.is_empty());
-        assert!(maybes < 10, "{maybes} maybes for 1,000 strangers");
+        let found = ring.find(&strangers, &mut scratch, &mut hits);
+        assert!(hits.is_empty() && found.floor == Offset::MAX);
+        assert!(found.maybes < 10, "{} maybes for 1,000 strangers", found.maybes);
+    }
+
+    /// The floor of a single hash found in a ring holding each hash once:
+    /// at or below the offset it was committed at, and within the place
+    /// that holds it (a hot chunk, a run, or the generation).
+    #[test]
+    fn the_floor_is_at_most_a_place_below_the_hit() {
+        let mut ring = Ring::default();
+        let held = hashes(8, 40_000);
+        let mut offset = 1_000;
+        for segment in held.chunks(777) {
+            ring.append(offset, 0, segment);
+            offset += segment.len() as Offset;
+        }
+        let mut scratch = Scratch::default();
+        let mut hits = Vec::new();
+        for position in (0..held.len()).step_by(97).chain([0, held.len() - 1]) {
+            let committed = 1_000 + position as Offset;
+            let found = ring.find(&[held[position]], &mut scratch, &mut hits);
+            assert_eq!(hits, [0]);
+            let generation = ring.generations.iter().find(|g| g.min_offset() <= committed && committed <= g.max_offset());
+            let generation = generation.expect("some generation holds it");
+            assert!(generation.min_offset() <= found.floor && found.floor <= committed, "{committed}: {found:?}");
+        }
+        // The newest hashes sit in a hot chunk: the floor is at most one
+        // chunk below them, so a retry of something recent is probed over a
+        // few hundred offsets, not the window.
+        let newest = held.len() - 1;
+        let found = ring.find(&[held[newest]], &mut scratch, &mut hits);
+        assert!(1_000 + newest as Offset - found.floor < generation::CHUNK as Offset, "{found:?}");
+        // A batch's floor is its lowest hit's, whatever the order.
+        let found = ring.find(&[held[newest], hashes(9, 1)[0], held[5]], &mut scratch, &mut hits);
+        assert_eq!((hits.as_slice(), found.floor), ([0, 2].as_slice(), 1_000));
+    }
+
+    #[test]
+    fn a_repeated_hash_floors_at_its_oldest_occurrence() {
+        let mut ring = Ring::default();
+        let first = hashes(10, 9_000);
+        let repeated = first[8_500];
+        ring.append(0, 0, &first);
+        ring.append(9_000, 0, &hashes(11, 30_000));
+        ring.append(39_000, 0, &[repeated]);
+        let mut hits = Vec::new();
+        let found = ring.find(&[repeated], &mut Scratch::default(), &mut hits);
+        assert_eq!(hits, [0]);
+        assert!(found.floor <= 8_500, "the older occurrence sets the floor: {found:?}");
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! The shard does no I/O and reads no clock; the host passes `now` in
 //! milliseconds with every call. Its one load-bearing output is each plan's
 //! `p_verified`, and -1 is always a sound answer: every path that is unsure
-//! (no entry, a gap, a rebuild, a suppressed partition, malformed input, a
-//! local hit) takes it.
+//! (no entry, a gap, a rebuild, a suppressed partition, malformed input)
+//! takes it. A local hit narrows the answer to just below the oldest place
+//! in the ring that holds one of the segment's hashes.
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -216,7 +217,7 @@ impl Shard {
         let state = entry.condition().state();
         self.budget.account(partition, entry.bytes() as u64, now_ms);
         self.budget.touch(partition, now_ms);
-        debug_assert!(local_hits.is_empty() || answer.p_verified == NO_VOUCH);
+        debug_assert!(local_hits.is_empty() || answer.p_verified < entry.verified_upto());
         Plan { p_verified: answer.p_verified, local_hits, state }
     }
 
@@ -314,7 +315,8 @@ mod tests {
         commit(&mut shard, 1, 1, 5, &[10, 11]);
         assert_eq!(plan_one(&mut shard, 2, 1, &[12]), vouching(6));
         let hit = plan_one(&mut shard, 3, 1, &[12, 11]);
-        assert_eq!((hit.p_verified, hit.local_hits, hit.state), (NO_VOUCH, vec![1], EntryState::Vouching));
+        // 11 was committed at 6: the probe starts there.
+        assert_eq!((hit.p_verified, hit.local_hits, hit.state), (5, vec![1], EntryState::Vouching));
         let stats = shard.stats();
         assert_eq!((stats.segments_planned, stats.segments_vouched, stats.local_hits), (4, 2, 1));
         assert_eq!((stats.entries, stats.vouching, stats.hashes, stats.generations, stats.hydrations), (1, 1, 2, 1, 1));

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt as _};
-use stile_guest::{Admission, Commit, EntryState, Hydration, Millis, NO_VOUCH, Segment as CacheSegment, TxnsRow};
+use stile_guest::{Admission, Commit, EntryState, Hydration, Millis, Segment as CacheSegment, TxnsRow};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -302,8 +302,10 @@ impl Worker {
         assert_eq!(plans.len(), segments.len(), "the cache answers every segment");
         let mut pushes = Vec::with_capacity(segments.len());
         for (in_flight, plan) in segments.iter_mut().zip(plans) {
-            // A hit is a hint that routes the segment to the full probe.
-            let p_verified = if plan.local_hits.is_empty() { plan.p_verified } else { NO_VOUCH };
+            // A local hit is a hint, never a verdict: the cache has already
+            // narrowed `p_verified` below the hit's original, so the probe
+            // finds it (and the first occurrence of every hash).
+            let p_verified = plan.p_verified;
             in_flight.state = plan.state;
             self.metrics.flush_size(in_flight.segment.slots.len());
             pushes.push(SegmentPush {

@@ -445,8 +445,8 @@ pub fn record() -> Trace {
     r.record_commits(now, vec![commit]);
     now += 10;
     let c = concat(&[&pg.fresh(2), &pick(&a, &[1]), &pg.fresh(1), &pick(&b, &[3])]);
-    r.note("hashes 2 and 4 of this segment were committed before: local hits, -1");
-    assert_eq!(answer(&r.plan(now, vec![seg(1, W, &c)])), (-1, vec![2, 4], Vouching));
+    r.note("hashes 2 and 4 of this segment were committed before, the older at offset 1: local hits, probe from there");
+    assert_eq!(answer(&r.plan(now, vec![seg(1, W, &c)])), (0, vec![2, 4], Vouching));
     // PostgreSQL finds the two duplicates; the other three are stored.
     let commit = pg.commit(1, now, pick(&c, &[0, 1, 3]));
     r.record_commits(now, vec![commit]);
@@ -487,8 +487,8 @@ pub fn record() -> Trace {
     assert_eq!(answer(&r.plan(now, vec![seg(2, W, &e)])).2, Cold);
     r.note("every row, oldest first, including one older than the window plus slack (it only widens coverage)");
     assert_eq!(r.hydrate(now, pg.read_all(2, W)), Ok(()));
-    r.note("a hash from the 30-second-old row: local hit");
-    assert_eq!(answer(&r.plan(now, vec![seg(2, W, &concat(&[&e, &pick(&d1, &[5])]))])), (-1, vec![2], Vouching));
+    r.note("a hash from the 30-second-old row, committed at offset 10: local hit, probe from there");
+    assert_eq!(answer(&r.plan(now, vec![seg(2, W, &concat(&[&e, &pick(&d1, &[5])]))])), (9, vec![2], Vouching));
     r.note("fresh hashes vouch up to partition 2's allocator, 13");
     assert_eq!(answer(&r.plan(now, vec![seg(2, W, &e)])), (13, vec![], Vouching));
     let commit = pg.commit(2, now, e.clone());
@@ -514,8 +514,8 @@ pub fn record() -> Trace {
     assert_eq!(r.admit(now, 1, W, 1_000_000), Hydrate);
     r.note("a full-window read, newest row first");
     assert_eq!(r.hydrate(now, pg.read(1, W, SLACK, now)), Ok(()));
-    r.note("rehydrated: the other gateway's hashes are known");
-    assert_eq!(answer(&r.plan(now, vec![seg(1, W, &concat(&[&g, &pick(&foreign, &[1])]))])), (-1, vec![1], Vouching));
+    r.note("rehydrated: the other gateway's hashes are known (this one was committed at offset 11)");
+    assert_eq!(answer(&r.plan(now, vec![seg(1, W, &concat(&[&g, &pick(&foreign, &[1])]))])), (10, vec![1], Vouching));
     assert_eq!(answer(&r.plan(now, vec![seg(1, W, &g)])), (13, vec![], Vouching));
     let commit = pg.commit(1, now, g.clone());
     r.record_commits(now, vec![commit.clone()]);
@@ -541,6 +541,7 @@ pub fn record() -> Trace {
     // -- Expiry: `now` moves past the window plus slack. ---------------------
     now = newest + W as Millis + Millis::from(SLACK);
     r.note("exactly window plus slack after partition 1's newest commit: nothing expires yet");
+    r.note("partition 1's first commit, at offset 0: local hits, nothing below to vouch for");
     assert_eq!(answer(&r.plan(now, vec![seg(1, W, &a)])), (-1, vec![0, 1, 2], Vouching));
     assert_eq!(r.stats().expired_generations, 0);
     now += 1;

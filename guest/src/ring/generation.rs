@@ -12,9 +12,17 @@
 //! While the hot buffer fills, each completed chunk of [`CHUNK`] hashes is
 //! sorted in place, so an exact lookup binary-searches the chunks and scans
 //! only the unsorted tail.
+//!
+//! Hashes arrive in offset order, so every run and the hot buffer hold the
+//! hashes of an offset range, and the generation keeps where each begins.
+//! A lookup that finds a hash also answers a floor below which that
+//! occurrence cannot lie (see [`super::Hit`]): the first offset of the run
+//! holding it, or in the hot buffer, where commits are contiguous, the
+//! offset of its chunk's first hash (of the hash itself in the tail).
 
 use alloc::vec::Vec;
 
+use super::Hit;
 use super::run::{BLOCK, Run};
 use super::search::Search;
 use super::sort;
@@ -26,7 +34,7 @@ use crate::hash::{HASH_LEN, Hash};
 pub const CHUNK: usize = 256;
 
 /// Accounted bytes of a generation besides its filter and its hashes.
-pub const GENERATION_OVERHEAD: usize = 256;
+pub const GENERATION_OVERHEAD: usize = 320;
 
 /// A generation allocates its filter once it holds this many hashes. Below,
 /// its filter is deferred (it answers "maybe") and every lookup is an exact
@@ -46,6 +54,12 @@ pub struct Generation {
     bloom: Bloom,
     /// Arrival order; every complete `CHUNK` of it is sorted.
     hot: Vec<Hash>,
+    /// The offset of `hot[0]`; `NO_VOUCH` while the buffer is empty.
+    hot_from: Offset,
+    /// Whether `hot[i]` was committed at `hot_from + i` for every `i`: the
+    /// appends to the buffer were contiguous (commits always are; a
+    /// hydration's rows may leave holes).
+    hot_dense: bool,
     /// Block counts strictly decrease front to back.
     runs: Vec<Run>,
     len: usize,
@@ -62,6 +76,8 @@ impl Generation {
         Generation {
             bloom: Bloom::deferred(capacity),
             hot: Vec::new(),
+            hot_from: NO_VOUCH,
+            hot_dense: true,
             runs: Vec::new(),
             len: 0,
             min_offset: Offset::MAX,
@@ -134,9 +150,11 @@ impl Generation {
             self.bloom.insert(hash);
         }
         let mut rest = hashes;
+        let mut offset = first_offset;
         while !rest.is_empty() {
             let (now, later) = rest.split_at(rest.len().min(BLOCK - self.hot.len()));
-            self.push_hot(now);
+            self.push_hot(offset, now);
+            offset += now.len() as Offset;
             rest = later;
         }
         self.len += hashes.len();
@@ -152,25 +170,30 @@ impl Generation {
     /// The exact check: whether the generation holds the hash.
     #[cfg(test)]
     pub fn contains(&self, hash: Hash) -> bool {
-        self.runs.iter().any(|run| run.contains(hash)) || self.hot_contains(hash)
+        self.runs.iter().any(|run| run.contains(hash)) || self.hot_floor(hash).is_some()
     }
 
-    /// The exact check, deferred: `true` if the hot buffer holds the hash;
-    /// otherwise the searches of the sealed runs that could, tagged `tag`,
-    /// are added to `searches` for the caller to resolve with others.
-    pub fn check<'a>(&'a self, hash: Hash, tag: u32, searches: &mut Vec<Search<'a>>) -> bool {
-        if self.hot_contains(hash) {
-            return true;
-        }
-        searches.extend(self.runs.iter().filter_map(|run| run.search(hash, tag)));
-        false
+    /// The exact check, deferred: the floor of the hash in the hot buffer,
+    /// if it holds it; and the searches of every sealed run
+    /// that could hold it (older than any chunk, so they may lower the
+    /// floor), each tagged with its run's floor, added to `searches` for the
+    /// caller to resolve with others.
+    pub fn check<'a>(&'a self, hash: Hash, index: u32, searches: &mut Vec<Search<'a, Hit>>) -> Option<Offset> {
+        searches.extend(self.runs.iter().filter_map(|run| run.search(hash, Hit { index, floor: run.min_offset() })));
+        self.hot_floor(hash)
     }
 
-    /// Adds hashes that fit in the hot buffer without passing one block.
-    fn push_hot(&mut self, hashes: &[Hash]) {
+    /// Adds hashes committed at the contiguous offsets `first_offset..` that
+    /// fit in the hot buffer without passing one block.
+    fn push_hot(&mut self, first_offset: Offset, hashes: &[Hash]) {
         let before = self.hot.len();
         let after = before + hashes.len();
         assert!(after <= BLOCK);
+        if before == 0 {
+            (self.hot_from, self.hot_dense) = (first_offset, true);
+        } else if first_offset != self.hot_from + before as Offset {
+            self.hot_dense = false;
+        }
         self.reserve_hot(after);
         self.hot.extend_from_slice(hashes);
         for chunk in before / CHUNK..after / CHUNK {
@@ -200,7 +223,8 @@ impl Generation {
         assert_eq!(block.len(), BLOCK);
         debug_assert_eq!(block.capacity(), BLOCK, "the seal must not reallocate");
         sort::sort(&mut block);
-        self.runs.push(Run::single(block.into_boxed_slice()));
+        self.runs.push(Run::single(block.into_boxed_slice(), self.hot_from));
+        self.hot_from = NO_VOUCH;
         while let [.., older, newer] = self.runs.as_slice()
             && older.block_count() == newer.block_count()
         {
@@ -211,11 +235,20 @@ impl Generation {
         debug_assert!(self.runs.windows(2).all(|w| w[0].block_count() > w[1].block_count()));
     }
 
-    fn hot_contains(&self, hash: Hash) -> bool {
+    /// If the hot buffer holds the hash, the offset its oldest occurrence
+    /// there was committed at or above: that of the first hash of the
+    /// oldest sorted chunk holding it, or of the hash itself in the
+    /// unsorted tail; `hot_from` if the buffer's offsets have holes.
+    fn hot_floor(&self, hash: Hash) -> Option<Offset> {
         let (chunks, tail) = self.hot.as_chunks::<CHUNK>();
         // The buffer is in cache, so a plain binary search, with no division
         // per step, beats interpolating.
-        chunks.iter().any(|chunk| chunk.binary_search(&hash).is_ok()) || tail.contains(&hash)
+        let position = match chunks.iter().position(|chunk| chunk.binary_search(&hash).is_ok()) {
+            Some(chunk) => chunk * CHUNK,
+            None => chunks.len() * CHUNK + tail.iter().position(|&held| held == hash)?,
+        };
+        debug_assert!(self.hot_from >= self.min_offset);
+        Some(if self.hot_dense { self.hot_from + position as Offset } else { self.hot_from })
     }
 }
 
@@ -278,6 +311,38 @@ mod tests {
         }
         assert_eq!(capacities[..4], [16, 32, 64, 128]);
         assert!(capacities.contains(&BLOCK));
+    }
+
+    /// The floor `check` answers for a hash the generation holds once.
+    fn floor_of(generation: &Generation, hash: Hash) -> Offset {
+        let mut searches = Vec::new();
+        let hot = generation.check(hash, 0, &mut searches);
+        let mut floor = hot.unwrap_or(Offset::MAX);
+        super::super::search::resolve(&mut searches, &mut Vec::new(), |hit: Hit| floor = floor.min(hit.floor));
+        floor
+    }
+
+    #[test]
+    fn a_found_hash_floors_at_its_chunk_its_offset_or_its_run() {
+        let mut generation = Generation::new(TIERS[1]);
+        let all = hashes(12, BLOCK + CHUNK * 2 + 10);
+        generation.append(50, 0, &all[..BLOCK + 3]);
+        generation.append(50 + BLOCK as Offset + 3, 0, &all[BLOCK + 3..]);
+        // Sealed: the run's first offset.
+        assert_eq!(floor_of(&generation, all[17]), 50);
+        assert_eq!(floor_of(&generation, all[BLOCK - 1]), 50);
+        // A sorted hot chunk: its first hash's offset.
+        let in_chunk = BLOCK + CHUNK + 7;
+        assert_eq!(floor_of(&generation, all[in_chunk]), 50 + (BLOCK + CHUNK) as Offset);
+        // The unsorted tail: the hash's own offset.
+        let in_tail = BLOCK + CHUNK * 2 + 4;
+        assert_eq!(floor_of(&generation, all[in_tail]), 50 + in_tail as Offset);
+        assert_eq!(floor_of(&generation, hashes(13, 1)[0]), Offset::MAX, "not held");
+        // A hole in the hot buffer's offsets: its first offset is all that
+        // is known.
+        generation.append(100_000, 0, &hashes(14, 3));
+        assert_eq!(floor_of(&generation, all[in_tail]), 50 + BLOCK as Offset);
+        assert_eq!(floor_of(&generation, hashes(14, 3)[2]), 50 + BLOCK as Offset);
     }
 
     #[test]

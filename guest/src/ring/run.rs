@@ -14,6 +14,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::search::{self, Search};
+use crate::api::Offset;
 use crate::hash::Hash;
 
 /// Hashes per sealed block: 64 KiB, the largest allocation the exact ring
@@ -26,14 +27,18 @@ pub struct Run {
     blocks: Vec<Box<[Hash]>>,
     /// `fences[i]` is the first hash of `blocks[i]`.
     fences: Vec<Hash>,
+    /// The lowest offset of any hash in the run. A run holds the hashes of
+    /// consecutive arrivals, so this bounds where any of them was committed.
+    min_offset: Offset,
 }
 
 impl Run {
-    /// A run of one sealed block, which must be sorted and full.
-    pub fn single(block: Box<[Hash]>) -> Run {
+    /// A run of one sealed block, which must be sorted and full, of hashes
+    /// committed at offsets from `min_offset` on.
+    pub fn single(block: Box<[Hash]>, min_offset: Offset) -> Run {
         assert_eq!(block.len(), BLOCK);
         debug_assert!(block.is_sorted());
-        Run { fences: vec![block[0]], blocks: vec![block] }
+        Run { fences: vec![block[0]], blocks: vec![block], min_offset }
     }
 
     pub fn block_count(&self) -> usize {
@@ -44,10 +49,14 @@ impl Run {
         self.blocks.len() * BLOCK
     }
 
+    pub fn min_offset(&self) -> Offset {
+        self.min_offset
+    }
+
     #[cfg(test)]
     pub fn contains(&self, hash: Hash) -> bool {
         let mut found = false;
-        if let Some(search) = self.search(hash, 0) {
+        if let Some(search) = self.search(hash, ()) {
             search::resolve(&mut [search], &mut Vec::new(), |_| found = true);
         }
         found
@@ -56,7 +65,7 @@ impl Run {
     /// The search for a hash in the one block that can hold it, or `None`
     /// when the hash lies below the whole run. The fences bound the block's
     /// keys for the interpolation: its own below, the next one's above.
-    pub fn search(&self, hash: Hash, tag: u32) -> Option<Search<'_>> {
+    pub fn search<Tag: Copy>(&self, hash: Hash, tag: Tag) -> Option<Search<'_, Tag>> {
         // The last block whose first key is at or below the hash is the only
         // one that can hold it: every later block starts above it, and an
         // earlier block that also holds it (a repeat spanning a boundary)
@@ -79,8 +88,13 @@ impl Run {
 
     /// Merges two runs into one, streaming block by block.
     pub fn merge(older: Run, newer: Run) -> Run {
+        debug_assert!(older.min_offset < newer.min_offset);
         let block_count = older.blocks.len() + newer.blocks.len();
-        let mut merged = Run { blocks: Vec::with_capacity(block_count), fences: Vec::with_capacity(block_count) };
+        let mut merged = Run {
+            blocks: Vec::with_capacity(block_count),
+            fences: Vec::with_capacity(block_count),
+            min_offset: older.min_offset,
+        };
         let mut left = Cursor::new(older.blocks);
         let mut right = Cursor::new(newer.blocks);
         let mut block = Vec::with_capacity(BLOCK);
@@ -192,7 +206,7 @@ mod tests {
     #[test]
     fn single_block_membership() {
         let hashes = pseudo_random(1, BLOCK);
-        let run = Run::single(block_from(hashes.clone()));
+        let run = Run::single(block_from(hashes.clone()), 0);
         assert!(hashes.iter().all(|&h| run.contains(h)));
         assert!(pseudo_random(2, 1_000).iter().all(|&h| !run.contains(h)));
         assert!(!run.contains(0) && !run.contains(u128::MAX));
@@ -206,7 +220,7 @@ mod tests {
             .map(|seed| {
                 let hashes = pseudo_random(seed + 10, BLOCK);
                 all.extend_from_slice(&hashes);
-                Run::single(block_from(hashes))
+                Run::single(block_from(hashes), 100 + seed as Offset * BLOCK as Offset)
             })
             .collect();
         let d = runs.pop().unwrap();
@@ -215,6 +229,7 @@ mod tests {
         let a = runs.pop().unwrap();
         let merged = Run::merge(Run::merge(a, b), Run::merge(c, d));
         assert_eq!(merged.block_count(), 4);
+        assert_eq!(merged.min_offset(), 100, "the oldest block's first offset");
         let flat: Vec<Hash> = merged.blocks.iter().flat_map(|b| b.iter().copied()).collect();
         assert!(flat.is_sorted());
         assert_eq!(merged.fences, merged.blocks.iter().map(|b| b[0]).collect::<Vec<_>>());
@@ -231,7 +246,7 @@ mod tests {
         first[0] = 5;
         let mut second = vec![repeated; BLOCK];
         second[BLOCK - 1] = u128::MAX;
-        let merged = Run::merge(Run::single(block_from(first)), Run::single(block_from(second)));
+        let merged = Run::merge(Run::single(block_from(first), 0), Run::single(block_from(second), BLOCK as Offset));
         assert!(merged.contains(5) && merged.contains(repeated) && merged.contains(u128::MAX));
         assert!(!merged.contains(6) && !merged.contains(repeated + 1) && !merged.contains(0));
     }
@@ -239,6 +254,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "assertion")]
     fn a_partial_block_is_refused() {
-        let _ = Run::single(block_from(pseudo_random(3, BLOCK - 1)));
+        let _ = Run::single(block_from(pseudo_random(3, BLOCK - 1)), 0);
     }
 }

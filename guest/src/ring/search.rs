@@ -77,8 +77,9 @@ pub fn contains(keys: &[Hash], hash: Hash) -> bool {
 
 /// One pending search for a hash in a sorted block, with bounds on the keys
 /// left to search so that every step interpolates without extra loads.
+/// `Tag` is the caller's name for it.
 #[derive(Clone, Copy, Debug)]
-pub struct Search<'a> {
+pub struct Search<'a, Tag> {
     keys: &'a [Hash],
     hash: Hash,
     /// Every key before `low` is below the hash; none from `high` on is.
@@ -89,14 +90,14 @@ pub struct Search<'a> {
     /// At or above every key of `keys[low..high]`.
     high_key: Hash,
     /// The caller's name for the search, handed back when it finds the hash.
-    tag: u32,
+    tag: Tag,
 }
 
-impl<'a> Search<'a> {
+impl<'a, Tag: Copy> Search<'a, Tag> {
     /// A search for `hash` in the ascending `keys`, all of which lie in
     /// `low_key..=high_key` (for a block of a run: its fence and the next
     /// block's).
-    pub fn new(keys: &'a [Hash], low_key: Hash, high_key: Hash, hash: Hash, tag: u32) -> Search<'a> {
+    pub fn new(keys: &'a [Hash], low_key: Hash, high_key: Hash, hash: Hash, tag: Tag) -> Search<'a, Tag> {
         debug_assert!(u32::try_from(keys.len()).is_ok());
         debug_assert!(keys.first().is_none_or(|&first| low_key <= first));
         debug_assert!(keys.last().is_none_or(|&last| last <= high_key));
@@ -160,7 +161,7 @@ impl<'a> Search<'a> {
 /// Each round first works out every search's next key and fetches it, then
 /// narrows every search by its key; so one round costs about one cache miss,
 /// not one per search. `guesses` is scratch space.
-pub fn resolve(searches: &mut [Search<'_>], guesses: &mut Vec<Option<usize>>, mut found: impl FnMut(u32)) {
+pub fn resolve<Tag: Copy>(searches: &mut [Search<'_, Tag>], guesses: &mut Vec<Option<usize>>, mut found: impl FnMut(Tag)) {
     for _ in 0..INTERPOLATIONS {
         guesses.clear();
         guesses.extend(searches.iter().map(Search::guess));
@@ -237,10 +238,10 @@ mod tests {
     /// Resolves one search per probe in a single lockstep batch and checks
     /// each answer against a binary search.
     fn resolve_agrees(keys: &[Hash], low_key: Hash, high_key: Hash, probes: &[Hash]) {
-        let mut searches: Vec<Search<'_>> =
-            probes.iter().enumerate().map(|(tag, &hash)| Search::new(keys, low_key, high_key, hash, tag as u32)).collect();
+        let mut searches: Vec<Search<'_, usize>> =
+            probes.iter().enumerate().map(|(tag, &hash)| Search::new(keys, low_key, high_key, hash, tag)).collect();
         let mut found = Vec::new();
-        resolve(&mut searches, &mut Vec::new(), |tag| found.push(tag as usize));
+        resolve(&mut searches, &mut Vec::new(), |tag| found.push(tag));
         let expected: Vec<usize> = (0..probes.len()).filter(|&i| keys.binary_search(&probes[i]).is_ok()).collect();
         assert_eq!(found, expected);
     }

@@ -321,7 +321,14 @@ impl<'s, C: Cache> Driver<'s, C> {
         let log = self.database.log(PARTITIONS[index]);
         let p = plan.p_verified;
         ensure!(p >= NO_VOUCH, "p_verified {p} is below -1");
-        ensure!(plan.local_hits.is_empty() || p == NO_VOUCH, "local hits {:?} with p_verified {p}", plan.local_hits);
+        // A hit narrows the answer below the allocator (the soundness check
+        // below then proves it narrowed below every stored occurrence).
+        ensure!(
+            plan.local_hits.is_empty() || p < log.last_offset,
+            "local hits {:?} with p_verified {p} at the allocator {}",
+            plan.local_hits,
+            log.last_offset
+        );
         ensure!(plan.local_hits.is_sorted_by(|a, b| a < b), "local hits not ascending: {:?}", plan.local_hits);
         if plan.state != EntryState::Vouching {
             ensure!(p == NO_VOUCH, "state {:?} vouched for {p}", plan.state);
