@@ -35,7 +35,7 @@ const WINDOW_MS: u64 = 60_000;
 
 #[test]
 fn the_accounting_covers_what_small_partitions_allocate() {
-    for hashes_each in [1usize, 5, 20, 63, 64, 200] {
+    for hashes_each in [1usize, 5, 20, 63, 64, 200, 600] {
         let before = LIVE.load(Ordering::Relaxed);
         let mut shard = Shard::new(ShardConfig { budget_bytes: 1 << 40, skew_slack_ms: 5_000 });
         let partitions = 5_000i64;

@@ -17,8 +17,10 @@
 //! hashes of an offset range, and the generation keeps where each begins.
 //! A lookup that finds a hash also answers a floor below which that
 //! occurrence cannot lie (see [`super::Hit`]): the first offset of the run
-//! holding it, or in the hot buffer, where commits are contiguous, the
-//! offset of its chunk's first hash (of the hash itself in the tail).
+//! holding it, or in the hot buffer, where commits are contiguous, the very
+//! offset it was committed at: each sorted chunk keeps the arrival position
+//! of every hash (one byte each). A retry of something recent, the usual
+//! local hit, is thus probed from its original's own offset.
 
 use alloc::vec::Vec;
 
@@ -34,7 +36,7 @@ use crate::hash::{HASH_LEN, Hash};
 pub const CHUNK: usize = 256;
 
 /// Accounted bytes of a generation besides its filter and its hashes.
-pub const GENERATION_OVERHEAD: usize = 320;
+pub const GENERATION_OVERHEAD: usize = 416;
 
 /// A generation allocates its filter once it holds this many hashes. Below,
 /// its filter is deferred (it answers "maybe") and every lookup is an exact
@@ -56,6 +58,10 @@ pub struct Generation {
     hot: Vec<Hash>,
     /// The offset of `hot[0]`; `NO_VOUCH` while the buffer is empty.
     hot_from: Offset,
+    /// For every complete chunk, `hot_arrival[c * CHUNK + j]` is the position
+    /// in the chunk at which `hot[c * CHUNK + j]` arrived (the chunk is
+    /// sorted stably, so among equal hashes the first is the oldest).
+    hot_arrival: Vec<u8>,
     /// Whether `hot[i]` was committed at `hot_from + i` for every `i`: the
     /// appends to the buffer were contiguous (commits always are; a
     /// hydration's rows may leave holes).
@@ -77,6 +83,7 @@ impl Generation {
             bloom: Bloom::deferred(capacity),
             hot: Vec::new(),
             hot_from: NO_VOUCH,
+            hot_arrival: Vec::new(),
             hot_dense: true,
             runs: Vec::new(),
             len: 0,
@@ -126,7 +133,7 @@ impl Generation {
     /// most of what they allocate (`guest/tests/footprint.rs`).
     pub fn bytes(&self) -> usize {
         let sealed = self.len - self.hot.len();
-        GENERATION_OVERHEAD + self.bloom.bytes() + (sealed + self.hot.capacity()) * HASH_LEN
+        GENERATION_OVERHEAD + self.bloom.bytes() + (sealed + self.hot.capacity()) * HASH_LEN + self.hot_arrival.capacity()
     }
 
     /// Appends hashes committed at the contiguous offsets `first_offset..`.
@@ -196,8 +203,14 @@ impl Generation {
         }
         self.reserve_hot(after);
         self.hot.extend_from_slice(hashes);
+        // Grown a chunk at a time (at most sixteen small reallocations per
+        // block), so that it never holds more than the sorted chunks need.
+        let sorted = after / CHUNK * CHUNK;
+        self.hot_arrival.reserve_exact(sorted - self.hot_arrival.len());
+        self.hot_arrival.resize(sorted, 0);
         for chunk in before / CHUNK..after / CHUNK {
-            sort::sort(&mut self.hot[chunk * CHUNK..(chunk + 1) * CHUNK]);
+            let range = chunk * CHUNK..(chunk + 1) * CHUNK;
+            sort::sort_with_arrival(&mut self.hot[range.clone()], &mut self.hot_arrival[range]);
         }
         if after == BLOCK {
             self.seal();
@@ -225,6 +238,8 @@ impl Generation {
         sort::sort(&mut block);
         self.runs.push(Run::single(block.into_boxed_slice(), self.hot_from));
         self.hot_from = NO_VOUCH;
+        // Kept for the next block: it would grow back to the same size.
+        self.hot_arrival.clear();
         while let [.., older, newer] = self.runs.as_slice()
             && older.block_count() == newer.block_count()
         {
@@ -236,15 +251,19 @@ impl Generation {
     }
 
     /// If the hot buffer holds the hash, the offset its oldest occurrence
-    /// there was committed at or above: that of the first hash of the
-    /// oldest sorted chunk holding it, or of the hash itself in the
-    /// unsorted tail; `hot_from` if the buffer's offsets have holes.
+    /// there was committed at; `hot_from` if the buffer's offsets have
+    /// holes.
     fn hot_floor(&self, hash: Hash) -> Option<Offset> {
         let (chunks, tail) = self.hot.as_chunks::<CHUNK>();
         // The buffer is in cache, so a plain binary search, with no division
-        // per step, beats interpolating.
-        let position = match chunks.iter().position(|chunk| chunk.binary_search(&hash).is_ok()) {
-            Some(chunk) => chunk * CHUNK,
+        // per step, beats interpolating. Chunks are in arrival order, so the
+        // first that holds the hash holds its oldest occurrence.
+        let in_chunks = chunks.iter().enumerate().find_map(|(c, chunk)| {
+            let j = chunk.partition_point(|&held| held < hash);
+            (chunk.get(j) == Some(&hash)).then(|| c * CHUNK + usize::from(self.hot_arrival[c * CHUNK + j]))
+        });
+        let position = match in_chunks {
+            Some(position) => position,
             None => chunks.len() * CHUNK + tail.iter().position(|&held| held == hash)?,
         };
         debug_assert!(self.hot_from >= self.min_offset);
@@ -331,9 +350,10 @@ mod tests {
         // Sealed: the run's first offset.
         assert_eq!(floor_of(&generation, all[17]), 50);
         assert_eq!(floor_of(&generation, all[BLOCK - 1]), 50);
-        // A sorted hot chunk: its first hash's offset.
-        let in_chunk = BLOCK + CHUNK + 7;
-        assert_eq!(floor_of(&generation, all[in_chunk]), 50 + (BLOCK + CHUNK) as Offset);
+        // A sorted hot chunk: the hash's own offset, kept through the sort.
+        for in_chunk in [BLOCK, BLOCK + 7, BLOCK + CHUNK + 200, BLOCK + 2 * CHUNK - 1] {
+            assert_eq!(floor_of(&generation, all[in_chunk]), 50 + in_chunk as Offset);
+        }
         // The unsorted tail: the hash's own offset.
         let in_tail = BLOCK + CHUNK * 2 + 4;
         assert_eq!(floor_of(&generation, all[in_tail]), 50 + in_tail as Offset);
@@ -343,6 +363,17 @@ mod tests {
         generation.append(100_000, 0, &hashes(14, 3));
         assert_eq!(floor_of(&generation, all[in_tail]), 50 + BLOCK as Offset);
         assert_eq!(floor_of(&generation, hashes(14, 3)[2]), 50 + BLOCK as Offset);
+    }
+
+    #[test]
+    fn a_hash_held_twice_in_the_hot_buffer_floors_at_its_first_arrival() {
+        let mut generation = Generation::new(TIERS[0]);
+        let mut held = hashes(15, CHUNK * 2 + 5);
+        let repeated = held[100];
+        held[10] = repeated;
+        held[CHUNK + 3] = repeated;
+        generation.append(1_000, 0, &held);
+        assert_eq!(floor_of(&generation, repeated), 1_010);
     }
 
     #[test]

@@ -70,6 +70,59 @@ pub fn sort(keys: &mut [Hash]) {
     keys.copy_from_slice(&sorted);
 }
 
+/// Sorts `keys` ascending and records where each came from: afterwards
+/// `arrival[j]` is the position `keys[j]` held before the sort, and equal
+/// keys keep their order (a stable sort). For the hot buffer's chunks, at
+/// most 256 keys.
+///
+/// One distribution pass by the top bits, as [`sort`], carrying the
+/// positions along; the buckets, about two keys each on uniform keys, are
+/// finished by insertion. Keys a host makes up may crowd one bucket, which
+/// then costs up to the square of the chunk: bounded, as the chunk is.
+pub fn sort_with_arrival(keys: &mut [Hash], arrival: &mut [u8]) {
+    let n = keys.len();
+    assert!(n <= 256 && arrival.len() == n);
+    let bits = (n / PER_BUCKET).max(1).ilog2();
+    let shift = Hash::BITS - bits;
+    let bucket = |key: Hash| if bits == 0 { 0 } else { (key >> shift) as usize };
+    let mut starts = [0u16; 257];
+    let starts = &mut starts[..(1 << bits) + 1];
+    for &key in keys.iter() {
+        starts[bucket(key) + 1] += 1;
+    }
+    for b in 1..starts.len() {
+        starts[b] += starts[b - 1];
+    }
+    let mut sorted = [(0 as Hash, 0u8); 256];
+    let mut next = [0u16; 256];
+    let next = &mut next[..1 << bits];
+    next.copy_from_slice(&starts[..1 << bits]);
+    for (position, &key) in keys.iter().enumerate() {
+        let slot = &mut next[bucket(key)];
+        sorted[*slot as usize] = (key, position as u8);
+        *slot += 1;
+    }
+    for range in starts.windows(2) {
+        insertion_sort(&mut sorted[range[0] as usize..range[1] as usize]);
+    }
+    for (j, &(key, position)) in sorted[..n].iter().enumerate() {
+        keys[j] = key;
+        arrival[j] = position;
+    }
+}
+
+/// Sorts by key, and among equal keys by position: stable, since the
+/// distribution pass keeps arrival order within a bucket.
+fn insertion_sort(pairs: &mut [(Hash, u8)]) {
+    for i in 1..pairs.len() {
+        let mut j = i;
+        while j > 0 && pairs[j - 1].0 > pairs[j].0 {
+            pairs.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +142,29 @@ mod tests {
         for n in [0, 1, 2, 63, 64, 65, 256, 1_000, 4_096, 20_000] {
             sorts_like_the_standard_sort(uniform(n as u64, n));
         }
+    }
+
+    fn sorts_with_arrival_like_a_stable_sort(keys: Vec<Hash>) {
+        let mut expected: Vec<(Hash, u8)> = keys.iter().enumerate().map(|(i, &key)| (key, i as u8)).collect();
+        expected.sort();
+        let mut sorted = keys.clone();
+        let mut arrival = vec![0u8; keys.len()];
+        sort_with_arrival(&mut sorted, &mut arrival);
+        let got: Vec<(Hash, u8)> = sorted.into_iter().zip(arrival).collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn sorts_chunks_with_their_arrival_order() {
+        for n in [0, 1, 2, 3, 64, 255, 256] {
+            sorts_with_arrival_like_a_stable_sort(uniform(n as u64 + 40, n));
+        }
+        sorts_with_arrival_like_a_stable_sort((0..256u128).rev().collect());
+        sorts_with_arrival_like_a_stable_sort(vec![7; 256]);
+        let mut mixed = uniform(5, 200);
+        mixed.extend(core::iter::repeat_n(mixed[3], 30));
+        mixed.extend((0..26u128).map(|i| i << 120));
+        sorts_with_arrival_like_a_stable_sort(mixed);
     }
 
     #[test]

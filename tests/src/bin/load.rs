@@ -6,8 +6,8 @@
 //! cargo build --release -p stile -p stile-tests --bin stile --bin load
 //! ./target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] \
 //!     [--sizes 1,10,100] [--warmup 2] [--secs 10] [--retry-percent 10] \
-//!     [--configs warm,native,off,cold] [--sync off|on] [--client-threads 1] \
-//!     [--pg-set NAME=VALUE ...]
+//!     [--configs warm,native,off,cold] [--rounds 3] [--sync off|on] \
+//!     [--client-threads 1] [--pg-set NAME=VALUE ...]
 //! ```
 //!
 //! The database is a fresh `stile_t_<random>` on the server named by
@@ -25,6 +25,11 @@
 //! * `off`:    the queue's window set to 0 (no probe; txns still written);
 //! * `cold`:   dedup on, wasm engine, `--cache-mb 0`: no partition is
 //!   admitted to the cache, so every segment is probed in full.
+//!
+//! The list of configurations runs `--rounds` times, each round starting
+//! one configuration further along it, so that the machine's drift (and
+//! whatever running first or last does) falls on every configuration alike;
+//! the comparisons printed at the end are of each configuration's median.
 //!
 //! For every batch size, `--conns` connections push for `--warmup` seconds
 //! and then for `--secs` measured seconds. Each request goes to one random
@@ -105,6 +110,10 @@ struct Args {
     secs: f64,
     retry_percent: u32,
     configs: Vec<Config>,
+    /// Times every configuration runs, interleaved: round `r` starts the
+    /// list at its `r`-th configuration, so that no configuration always
+    /// runs first or last. The comparisons use each one's median.
+    rounds: usize,
     sync: bool,
     client_threads: usize,
     /// Settings of the benchmark database (`ALTER DATABASE ... SET`).
@@ -121,6 +130,7 @@ fn parse_args() -> Args {
         secs: 10.0,
         retry_percent: 10,
         configs: vec![Config::Warm, Config::Native, Config::Off, Config::Cold],
+        rounds: 3,
         sync: false,
         client_threads: 1,
         pg_settings: Vec::new(),
@@ -134,8 +144,8 @@ fn parse_args() -> Args {
         if flag == "--help" || flag == "-h" {
             println!(
                 "load [--conns 32] [--partitions 64] [--prefill 1000000] [--sizes 1,10,100] [--warmup 2] [--secs 10] \
-                 [--retry-percent 10] [--configs warm,native,off,cold] [--sync off|on] [--client-threads 1] \
-                 [--pg-set NAME=VALUE ...]"
+                 [--retry-percent 10] [--configs warm,native,off,cold] [--rounds 3] [--sync off|on] \
+                 [--client-threads 1] [--pg-set NAME=VALUE ...]"
             );
             std::process::exit(0);
         }
@@ -149,6 +159,7 @@ fn parse_args() -> Args {
             "--secs" => a.secs = number(flag, v),
             "--retry-percent" => a.retry_percent = number(flag, v) as u32,
             "--configs" => a.configs = v.split(',').map(Config::parse).collect(),
+            "--rounds" => a.rounds = (number(flag, v) as usize).max(1),
             "--sync" => a.sync = v == "on",
             "--client-threads" => a.client_threads = number(flag, v) as usize,
             "--pg-set" => {
@@ -500,7 +511,15 @@ async fn run(args: Args) {
     let version: String = c.query_one("SHOW server_version", &[]).await.expect("server version").get(0);
 
     let mut results: Vec<(Config, usize, Figures)> = Vec::new();
-    for (k, &config) in args.configs.iter().enumerate() {
+    let order: Vec<Config> = (0..args.rounds)
+        .flat_map(|round| {
+            let mut configs = args.configs.clone();
+            let start = round % configs.len().max(1);
+            configs.rotate_left(start);
+            configs
+        })
+        .collect();
+    for (k, &config) in order.iter().enumerate() {
         if k > 0 {
             reset(&t, &prepared).await;
         }
@@ -572,9 +591,25 @@ async fn run(args: Args) {
             f.sql_ms_per_bundle
         );
     }
+    // Each configuration's median rate over the rounds.
     let rate = |config: Config, size: usize| {
-        results.iter().find(|(c, s, _)| *c == config && *s == size).map_or(f64::NAN, |(_, _, f)| f.rate)
+        let mut rates: Vec<f64> = results.iter().filter(|(c, s, _)| *c == config && *s == size).map(|(_, _, f)| f.rate).collect();
+        rates.sort_by(f64::total_cmp);
+        match rates.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => rates[n / 2],
+            n => (rates[n / 2 - 1] + rates[n / 2]) / 2.0,
+        }
     };
+    println!();
+    println!("Median messages/s over {} round(s):", args.rounds);
+    println!();
+    println!("| configuration | {} |", args.sizes.iter().map(|size| format!("batch {size}")).collect::<Vec<_>>().join(" | "));
+    println!("|---|{}", "---:|".repeat(args.sizes.len()));
+    for &config in &args.configs {
+        let rates: Vec<String> = args.sizes.iter().map(|&size| format!("{:.0}", rate(config, size))).collect();
+        println!("| {} | {} |", config.name(), rates.join(" | "));
+    }
     println!();
     println!("| batch | warm / off (target >= 0.9) | warm / cache off (target >= 2) | wasm / native (target 0.9 - 1.1) |");
     println!("|---:|---:|---:|---:|");

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p stile-tests --bin sql_bench -- \
 //!     [--sizes 1,10,100] [--windows 0,100000,1000000] [--conns 2] \
-//!     [--secs 1.5] [--reps 3] [--sync off|on] [--modes forced,vouched,window0,plain]
+//!     [--secs 1.5] [--reps 3] [--sync off|on] [--modes forced,vouched,retry,window0,plain]
 //! ```
 //!
 //! For every window size W it makes a fresh set of `conns` partitions whose
@@ -15,6 +15,10 @@
 //!
 //! * forced:  `p_verified = -1`, the full-window probe;
 //! * vouched: `p_verified = last_offset`, as a warm cache sends: no probe;
+//! * retry:   every vouched push is sent again at once with `p_verified`
+//!   one below its base offset, as a warm cache narrows a local hit: the
+//!   probe covers the one segment, finds every message a duplicate and
+//!   writes nothing (both pushes count as messages);
 //! * window0: the queue's window set to 0: no probe, txns still written;
 //! * plain:   one row per message in a table with a unique index on
 //!   `(partition_id, transaction_id)`, `INSERT ... ON CONFLICT DO NOTHING`.
@@ -39,6 +43,7 @@ use stile_tests::pg::{TestDb, connect};
 enum Mode {
     Forced,
     Vouched,
+    Retry,
     Window0,
     Plain,
 }
@@ -48,6 +53,7 @@ impl Mode {
         match self {
             Mode::Forced => "forced",
             Mode::Vouched => "vouched",
+            Mode::Retry => "retry",
             Mode::Window0 => "window0",
             Mode::Plain => "plain",
         }
@@ -57,6 +63,7 @@ impl Mode {
         match s {
             "forced" => Mode::Forced,
             "vouched" => Mode::Vouched,
+            "retry" => Mode::Retry,
             "window0" => Mode::Window0,
             "plain" => Mode::Plain,
             other => panic!("unknown mode {other:?}"),
@@ -90,7 +97,7 @@ fn parse_args() -> Args {
         secs: 1.5,
         reps: 3,
         sync: false,
-        modes: vec![Mode::Forced, Mode::Vouched, Mode::Window0, Mode::Plain],
+        modes: vec![Mode::Forced, Mode::Vouched, Mode::Retry, Mode::Window0, Mode::Plain],
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -107,7 +114,7 @@ fn parse_args() -> Args {
             "--help" | "-h" => {
                 println!(
                     "sql_bench [--sizes 1,10,100] [--windows 0,100000,1000000] [--conns 2] \
-                     [--secs 1.5] [--reps 3] [--sync off|on] [--modes forced,vouched,window0,plain]"
+                     [--secs 1.5] [--reps 3] [--sync off|on] [--modes forced,vouched,retry,window0,plain]"
                 );
                 std::process::exit(0);
             }
@@ -214,7 +221,7 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
     let planned = if mode == Mode::Window0 { 0 } else { 3600 };
     let expected = match mode {
         Mode::Forced => ProbeMode::Full,
-        Mode::Vouched => ProbeMode::Skipped,
+        Mode::Vouched | Mode::Retry => ProbeMode::Skipped,
         _ => ProbeMode::Off,
     };
     let start = Instant::now();
@@ -239,7 +246,7 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
                 payloads: (0..size as u64).map(payload).collect(),
             };
             while Instant::now() < deadline {
-                s.p_verified = if mode == Mode::Vouched { last } else { -1 };
+                s.p_verified = if matches!(mode, Mode::Vouched | Mode::Retry) { last } else { -1 };
                 for i in 0..size {
                     n += 1;
                     let txn = &mut s.transaction_ids[i];
@@ -256,6 +263,17 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
                         last = base_offset + size as i64 - 1;
                         messages += size as u64;
                         wrong += u64::from(probe != expected && !empty);
+                        if mode == Mode::Retry {
+                            s.p_verified = base_offset - 1;
+                            let again = db.push_bundle(std::slice::from_ref(&s)).await.unwrap();
+                            let SegmentOutcome::Duplicates { probe, ref duplicates, .. } = again[0] else {
+                                panic!("a retry was stored: {again:?}");
+                            };
+                            let originals = duplicates.iter().enumerate().all(|(i, d)| d.offset == base_offset + i as i64);
+                            assert!(duplicates.len() == size && originals, "a retry answered {duplicates:?}");
+                            messages += size as u64;
+                            wrong += u64::from(probe != ProbeMode::Narrowed);
+                        }
                     }
                     ref other => panic!("unexpected {other:?}"),
                 }
@@ -457,17 +475,23 @@ async fn main() {
     );
     println!();
     println!(
-        "| window (hashes) | segment | forced (p_verified=-1) | vouched (p_verified=last) | window 0 | plain (unique index) | vouched / window 0 | vouched / plain |"
+        "| window (hashes) | segment | forced (p_verified=-1) | vouched (p_verified=last) | retry (each push twice) | window 0 | plain (unique index) | vouched / window 0 | vouched / plain |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &w in &args.windows {
         for &s in &args.sizes {
-            let (f, v, z, p) =
-                (get(w, s, Mode::Forced), get(w, s, Mode::Vouched), get(w, s, Mode::Window0), get(w, s, Mode::Plain));
+            let (f, v, r, z, p) = (
+                get(w, s, Mode::Forced),
+                get(w, s, Mode::Vouched),
+                get(w, s, Mode::Retry),
+                get(w, s, Mode::Window0),
+                get(w, s, Mode::Plain),
+            );
             println!(
-                "| {w} | {s} | {} | {} | {} | {} | {:.2} | {:.2} |",
+                "| {w} | {s} | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
                 fmt_rate(f),
                 fmt_rate(v),
+                fmt_rate(r),
                 fmt_rate(z),
                 fmt_rate(p),
                 v / z,
@@ -481,20 +505,27 @@ async fn main() {
          the client and the WAL writer are not counted):"
     );
     println!();
-    println!("| window (hashes) | segment | forced | vouched | window 0 | plain | plain / vouched |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| window (hashes) | segment | forced | vouched | retry | window 0 | plain | plain / vouched |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &w in &args.windows {
         for &s in &args.sizes {
-            let (f, v, z, p) =
-                (cpu(w, s, Mode::Forced), cpu(w, s, Mode::Vouched), cpu(w, s, Mode::Window0), cpu(w, s, Mode::Plain));
-            println!("| {w} | {s} | {f:.1} | {v:.2} | {z:.2} | {p:.2} | {:.2} |", p / v);
+            let (f, v, r, z, p) = (
+                cpu(w, s, Mode::Forced),
+                cpu(w, s, Mode::Vouched),
+                cpu(w, s, Mode::Retry),
+                cpu(w, s, Mode::Window0),
+                cpu(w, s, Mode::Plain),
+            );
+            println!("| {w} | {s} | {f:.1} | {v:.2} | {r:.2} | {z:.2} | {p:.2} | {:.2} |", p / v);
         }
     }
     println!();
     if wrong > 0 {
         println!("WARNING: {wrong} pushes reported an unexpected probe mode");
     } else {
-        println!("every push reported the expected probe mode (forced: full, vouched: skipped, window 0: off)");
+        println!(
+            "every push reported the expected probe mode (forced: full, vouched: skipped, retry: skipped then narrowed, window 0: off)"
+        );
     }
     println!("total run time {:.0} s", started.elapsed().as_secs_f64());
     drop(plain_clients);
