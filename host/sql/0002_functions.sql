@@ -241,9 +241,16 @@ BEGIN
                 -- plan does not depend on the values: the offset range is
                 -- its one index condition (the window's bound is applied
                 -- above the fence below), and the join builds on the
-                -- segment's hashes.
+                -- segment's hashes. A generic plan is made from whatever the
+                -- statistics say when a connection first probes (a table
+                -- just bulk-loaded or reset can look empty, and a sequential
+                -- scan of every partition's rows then looks cheapest), so
+                -- sequential scans are off for it, and the range is bounded
+                -- on both sides (the allocator above excludes nothing), which
+                -- prices it as narrow: its index is then always end_offset's.
                 PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
-                        set_config('plan_cache_mode', 'force_generic_plan', true);
+                        set_config('plan_cache_mode', 'force_generic_plan', true),
+                        set_config('enable_seqscan', 'off', true);
                 -- Up to 4 hashes: a byte search per row costs far less than
                 -- unnesting the row. It only preselects rows; the aligned
                 -- comparison below decides. Absent ones are NULL, and a NULL
@@ -268,6 +275,7 @@ BEGIN
                                                   FROM stile.txns t0
                                                  WHERE t0.partition_id = v_pid
                                                    AND t0.end_offset > v_from
+                                                   AND t0.end_offset <= v_last[k]
                                                 OFFSET 0) AS t1
                                          WHERE t1.created_at >= v_now - make_interval(secs => v_window)
                                         OFFSET 0) AS t2

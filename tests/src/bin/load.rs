@@ -18,7 +18,7 @@
 //! through SQL in rows of 4,096, all inside the window of an hour). Before
 //! each configuration the database is put back to that state (what the
 //! previous one pushed is deleted, the allocators reset, the tables
-//! vacuumed), and a fresh gateway process is started:
+//! vacuumed and analysed), and a fresh gateway process is started:
 //!
 //! * `warm`:   dedup on, wasm engine, default cache (512 MiB);
 //! * `native`: dedup on, native engine;
@@ -520,9 +520,9 @@ async fn run(args: Args) {
         })
         .collect();
     for (k, &config) in order.iter().enumerate() {
-        if k > 0 {
-            reset(&t, &prepared).await;
-        }
+        // Before the first configuration too: each one starts from a
+        // vacuumed and analysed database, not the first from a bulk load.
+        reset(&t, &prepared).await;
         if config == Config::Off {
             set_window(&t, 0).await;
         }
