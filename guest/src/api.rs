@@ -61,7 +61,7 @@ pub struct Plan {
     /// The watermark to push with, or [`NO_VOUCH`].
     pub p_verified: Offset,
     /// Indexes of hashes the cache has seen committed. Non-empty implies
-    /// `p_verified == NO_VOUCH`.
+    /// that `p_verified` lies below the oldest stored occurrence of each.
     pub local_hits: Vec<u32>,
     /// The entry's state after planning.
     pub state: EntryState,

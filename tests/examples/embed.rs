@@ -86,7 +86,8 @@ fn main() -> wasmtime::Result<()> {
     cache.shard().call_record_commits(&mut store, shard, now + 1, &[commit])?;
 
     // The same segment again (a producer retry): every hash is a local hit,
-    // so the cache does not vouch and PostgreSQL finds the originals.
+    // and the answer is just below the first one's offset (-1 here, as it
+    // is 0), so that PostgreSQL's probe finds the originals.
     let plan = cache.shard().call_plan(&mut store, shard, now + 2, &[segment])?;
     println!("plan again: p-verified {}, local hits {:?}, {:?}", plan[0].p_verified, plan[0].local_hits, plan[0].state);
     let stats = cache.shard().call_stats(&mut store, shard)?;
