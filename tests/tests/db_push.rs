@@ -83,6 +83,33 @@ async fn a_duplicate_writes_nothing_and_names_the_original() {
 }
 
 #[tokio::test]
+async fn duplicates_of_several_segments_name_each_original() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("orders", "p0").await.unwrap();
+    let stored = [
+        segment(p.id, &["a", "b", "c"], -1, 3600),
+        segment(p.id, &["d", "e"], -1, 3600),
+        segment(p.id, &["f", "g", "h"], -1, 3600),
+    ];
+    let ids: Vec<uuid::Uuid> = stored.iter().flat_map(|s| s.message_ids.iter().copied()).collect();
+    for s in stored {
+        t.db.push_bundle(&[s]).await.unwrap();
+    }
+    // Originals in three segments, named out of offset order, around a new id.
+    for p_verified in [-1, 2] {
+        let out = t.db.push_bundle(&[segment(p.id, &["g", "a", "new", "e", "b", "h"], p_verified, 3600)]).await.unwrap();
+        let (dups, _) = duplicates(&out[0]);
+        let expected: Vec<Duplicate> = [(0, 6), (1, 0), (3, 4), (4, 1), (5, 7)]
+            .into_iter()
+            .map(|(index, offset)| Duplicate { index, offset, message_id: ids[offset as usize] })
+            .collect();
+        // Narrowed above offset 2, the first segment's are no longer seen.
+        let expected: Vec<Duplicate> = expected.into_iter().filter(|d| d.offset > p_verified).collect();
+        assert_eq!(dups, expected, "p_verified {p_verified}");
+    }
+}
+
+#[tokio::test]
 async fn min_picks_the_first_occurrence() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();

@@ -462,8 +462,12 @@ async fn main() {
         }
     }
 
-    let get = |w: usize, s: usize, m: Mode| -> f64 { rates.get(&(w, s, m)).map(|v| median(v.clone())).unwrap_or(f64::NAN) };
-    let cpu = |w: usize, s: usize, m: Mode| -> f64 { cpus.get(&(w, s, m)).map(|v| median(v.clone())).unwrap_or(f64::NAN) };
+    // The medians of one window and segment size, in the order of the
+    // tables' columns: forced, vouched, retry, window 0, plain.
+    let medians = |table: &BTreeMap<(usize, usize, Mode), Vec<f64>>, w: usize, s: usize| -> [f64; 5] {
+        [Mode::Forced, Mode::Vouched, Mode::Retry, Mode::Window0, Mode::Plain]
+            .map(|m| table.get(&(w, s, m)).map(|v| median(v.clone())).unwrap_or(f64::NAN))
+    };
     println!();
     println!(
         "Throughput, messages/s: median of {} runs of {:.1} s, {} connections on distinct partitions, one segment per call, \
@@ -480,13 +484,7 @@ async fn main() {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &w in &args.windows {
         for &s in &args.sizes {
-            let (f, v, r, z, p) = (
-                get(w, s, Mode::Forced),
-                get(w, s, Mode::Vouched),
-                get(w, s, Mode::Retry),
-                get(w, s, Mode::Window0),
-                get(w, s, Mode::Plain),
-            );
+            let [f, v, r, z, p] = medians(&rates, w, s);
             println!(
                 "| {w} | {s} | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
                 fmt_rate(f),
@@ -509,13 +507,7 @@ async fn main() {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &w in &args.windows {
         for &s in &args.sizes {
-            let (f, v, r, z, p) = (
-                cpu(w, s, Mode::Forced),
-                cpu(w, s, Mode::Vouched),
-                cpu(w, s, Mode::Retry),
-                cpu(w, s, Mode::Window0),
-                cpu(w, s, Mode::Plain),
-            );
+            let [f, v, r, z, p] = medians(&cpus, w, s);
             println!("| {w} | {s} | {f:.1} | {v:.2} | {r:.2} | {z:.2} | {p:.2} | {:.2} |", p / v);
         }
     }
