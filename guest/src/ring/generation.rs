@@ -62,10 +62,6 @@ pub struct Generation {
     /// in the chunk at which `hot[c * CHUNK + j]` arrived (the chunk is
     /// sorted stably, so among equal hashes the first is the oldest).
     hot_arrival: Vec<u8>,
-    /// Whether `hot[i]` was committed at `hot_from + i` for every `i`: the
-    /// appends to the buffer were contiguous (commits always are; a
-    /// hydration's rows may leave holes).
-    hot_dense: bool,
     /// Block counts strictly decrease front to back.
     runs: Vec<Run>,
     len: usize,
@@ -84,7 +80,6 @@ impl Generation {
             hot: Vec::new(),
             hot_from: NO_VOUCH,
             hot_arrival: Vec::new(),
-            hot_dense: true,
             runs: Vec::new(),
             len: 0,
             min_offset: Offset::MAX,
@@ -197,9 +192,7 @@ impl Generation {
         let after = before + hashes.len();
         assert!(after <= BLOCK);
         if before == 0 {
-            (self.hot_from, self.hot_dense) = (first_offset, true);
-        } else if first_offset != self.hot_from + before as Offset {
-            self.hot_dense = false;
+            self.hot_from = first_offset;
         }
         self.reserve_hot(after);
         self.hot.extend_from_slice(hashes);
@@ -267,7 +260,12 @@ impl Generation {
             None => chunks.len() * CHUNK + tail.iter().position(|&held| held == hash)?,
         };
         debug_assert!(self.hot_from >= self.min_offset);
-        Some(if self.hot_dense { self.hot_from + position as Offset } else { self.hot_from })
+        // Offsets only grow, so `hot[i]` was committed at `hot_from + i` for
+        // every `i` exactly when the newest, the generation's highest, is
+        // `hot_from + len - 1` (commits are contiguous; a hydration's rows
+        // may leave holes).
+        let dense = self.max_offset - self.hot_from == self.hot.len() as Offset - 1;
+        Some(if dense { self.hot_from + position as Offset } else { self.hot_from })
     }
 }
 

@@ -34,30 +34,12 @@ pub fn sort(keys: &mut [Hash]) {
         keys.sort_unstable();
         return;
     }
-    let bits = (n / PER_BUCKET).ilog2().min(MAX_BUCKET_BITS);
-    let shift = Hash::BITS - bits;
-    let bucket = |key: Hash| (key >> shift) as usize;
-    // `starts[b]` becomes the first slot of bucket `b`, `starts[b + 1]` its end.
-    let mut starts = [0u32; (1 << MAX_BUCKET_BITS) + 1];
-    let starts = &mut starts[..(1 << bits) + 1];
-    for &key in keys.iter() {
-        starts[bucket(key) + 1] += 1;
-    }
-    for b in 1..starts.len() {
-        starts[b] += starts[b - 1];
-    }
-    debug_assert_eq!(starts[starts.len() - 1] as usize, n);
     let mut sorted: Vec<Hash> = vec![0; n];
-    let mut next = [0u32; 1 << MAX_BUCKET_BITS];
-    let next = &mut next[..1 << bits];
-    next.copy_from_slice(&starts[..1 << bits]);
-    for &key in keys.iter() {
-        let slot = &mut next[bucket(key)];
-        sorted[*slot as usize] = key;
-        *slot += 1;
-    }
-    for range in starts.windows(2) {
-        match &mut sorted[range[0] as usize..range[1] as usize] {
+    distribute(
+        keys.iter().copied(),
+        |&key| key,
+        &mut sorted,
+        |bucket| match bucket {
             [] | [_] => {}
             [a, b] => {
                 if *a > *b {
@@ -65,8 +47,8 @@ pub fn sort(keys: &mut [Hash]) {
                 }
             }
             bucket => bucket.sort_unstable(),
-        }
-    }
+        },
+    );
     keys.copy_from_slice(&sorted);
 }
 
@@ -75,39 +57,54 @@ pub fn sort(keys: &mut [Hash]) {
 /// keys keep their order (a stable sort). For the hot buffer's chunks, at
 /// most 256 keys.
 ///
-/// One distribution pass by the top bits, as [`sort`], carrying the
-/// positions along; the buckets, about two keys each on uniform keys, are
-/// finished by insertion. Keys a host makes up may crowd one bucket, which
-/// then costs up to the square of the chunk: bounded, as the chunk is.
+/// The distribution pass of [`sort`], carrying the positions along; the
+/// buckets, about two keys each on uniform keys, are finished by insertion.
+/// Keys a host makes up may crowd one bucket, which then costs up to the
+/// square of the chunk: bounded, as the chunk is.
 pub fn sort_with_arrival(keys: &mut [Hash], arrival: &mut [u8]) {
     let n = keys.len();
     assert!(n <= 256 && arrival.len() == n);
-    let bits = (n / PER_BUCKET).max(1).ilog2();
-    let shift = Hash::BITS - bits;
-    let bucket = |key: Hash| if bits == 0 { 0 } else { (key >> shift) as usize };
-    let mut starts = [0u16; 257];
+    let mut sorted = [(0 as Hash, 0u8); 256];
+    let arrivals = keys.iter().enumerate().map(|(position, &key)| (key, position as u8));
+    distribute(arrivals, |&(key, _)| key, &mut sorted[..n], insertion_sort);
+    for (j, &(key, position)) in sorted[..n].iter().enumerate() {
+        keys[j] = key;
+        arrival[j] = position;
+    }
+}
+
+/// The pass both sorts share: scatters `items` into `out` (as long as they
+/// are) by the leading bits of their keys, about [`PER_BUCKET`] to a bucket,
+/// keeping their order within a bucket, and hands each bucket to `finish`.
+fn distribute<T: Copy>(
+    items: impl Iterator<Item = T> + Clone,
+    key: impl Fn(&T) -> Hash,
+    out: &mut [T],
+    mut finish: impl FnMut(&mut [T]),
+) {
+    let n = out.len();
+    let bits = (n / PER_BUCKET).max(1).ilog2().min(MAX_BUCKET_BITS);
+    let bucket = |item: &T| if bits == 0 { 0 } else { (key(item) >> (Hash::BITS - bits)) as usize };
+    // `starts[b]` becomes the first slot of bucket `b`, `starts[b + 1]` its end.
+    let mut starts = [0u32; (1 << MAX_BUCKET_BITS) + 1];
     let starts = &mut starts[..(1 << bits) + 1];
-    for &key in keys.iter() {
-        starts[bucket(key) + 1] += 1;
+    for item in items.clone() {
+        starts[bucket(&item) + 1] += 1;
     }
     for b in 1..starts.len() {
         starts[b] += starts[b - 1];
     }
-    let mut sorted = [(0 as Hash, 0u8); 256];
-    let mut next = [0u16; 256];
+    debug_assert_eq!(starts[starts.len() - 1] as usize, n);
+    let mut next = [0u32; 1 << MAX_BUCKET_BITS];
     let next = &mut next[..1 << bits];
     next.copy_from_slice(&starts[..1 << bits]);
-    for (position, &key) in keys.iter().enumerate() {
-        let slot = &mut next[bucket(key)];
-        sorted[*slot as usize] = (key, position as u8);
+    for item in items {
+        let slot = &mut next[bucket(&item)];
+        out[*slot as usize] = item;
         *slot += 1;
     }
     for range in starts.windows(2) {
-        insertion_sort(&mut sorted[range[0] as usize..range[1] as usize]);
-    }
-    for (j, &(key, position)) in sorted[..n].iter().enumerate() {
-        keys[j] = key;
-        arrival[j] = position;
+        finish(&mut out[range[0] as usize..range[1] as usize]);
     }
 }
 
