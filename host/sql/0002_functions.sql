@@ -68,12 +68,15 @@ $$;
 -- All partition rows are locked first, in ascending id order. Then, segment by
 -- segment in order: the probe runs (under the lock, before allocation) over
 -- txns rows inside the window with end_offset above
--- GREATEST(p_verified, txns_start - 1) when that span is not empty. A segment
--- with duplicates writes nothing and returns, per duplicate, its index in the
--- segment, the original's offset (MIN over all occurrences) and the
--- original's message id (NULL only if retention removed that segment). Any
--- other segment allocates last_offset + 1 .. last_offset + count and writes
--- its segments and txns rows (txns even with the window at 0).
+-- GREATEST(p_verified, txns_start - 1) when that span is not empty. A
+-- duplicate writes nothing; the segment returns, per duplicate, its index in
+-- the segment, the original's offset (MIN over all occurrences) and the
+-- original's message id (NULL only if retention removed that segment). The
+-- segment's other messages, n of them in their order, are proven new by the
+-- same probe (a segment's hashes are distinct): they are allocated
+-- last_offset + 1 .. last_offset + n and written as one segments row and one
+-- txns row (txns even with the window at 0), and base_offset and created_ms
+-- say where and when. A segment of duplicates only returns no base_offset.
 --
 -- Exactness rules beyond the plain probe:
 --   * a window larger than the one the cache planned under voids p_verified
@@ -127,7 +130,11 @@ DECLARE
     v_pid bigint;
     v_base bigint;
     v_count integer;
+    v_keep integer;  -- the segment's messages that are not duplicates
     v_hashes bytea;
+    v_keep_mids uuid[];
+    v_keep_tids text[];
+    v_keep_payloads json[];
     v_window integer;
     v_pv bigint;
     v_from bigint;
@@ -208,6 +215,8 @@ BEGIN
         v_window := v_windows[k];
         v_now := clock_timestamp();
         v_idx := NULL;
+        v_off := NULL;
+        v_mid := NULL;
 
         IF v_window = 0 THEN
             v_probe := 'off';
@@ -300,16 +309,27 @@ BEGIN
         seg := i - 1;
         window_seconds := v_window;
         probe := v_probe;
-        IF v_idx IS NOT NULL THEN
-            -- A duplicate: nothing of the segment is written.
-            base_offset := NULL;
-            created_ms := NULL;
-            dup_idx := v_idx;
-            dup_off := v_off;
-            dup_ids := v_mid;
-        ELSE
+        dup_idx := v_idx;
+        dup_off := v_off;
+        dup_ids := v_mid;
+        base_offset := NULL;
+        created_ms := NULL;
+        v_keep := v_count - coalesce(cardinality(v_idx), 0);
+        IF v_keep > 0 THEN
+            IF v_idx IS NOT NULL THEN
+                -- Some duplicates: the others are written without them, in
+                -- their order, in this same transaction (rather than sent
+                -- again in another round trip).
+                SELECT array_agg(p_message_ids[v_msg + j] ORDER BY j),
+                       array_agg(p_transaction_ids[v_msg + j] ORDER BY j),
+                       array_agg(p_payloads[v_msg + j] ORDER BY j),
+                       string_agg(substring(v_hashes FROM 16 * j + 1 FOR 16), '\x'::bytea ORDER BY j)
+                  INTO v_keep_mids, v_keep_tids, v_keep_payloads, v_hashes
+                  FROM generate_series(0, v_count - 1) AS j
+                 WHERE j <> ALL (v_idx);
+            END IF;
             v_base := v_last[k] + 1;
-            v_last[k] := v_last[k] + v_count;
+            v_last[k] := v_last[k] + v_keep;
             -- One statement with scalar parameters only: PL/pgSQL settles on
             -- a generic plan for it, so nothing is planned per call.
             WITH allocate AS (
@@ -318,9 +338,9 @@ BEGIN
                 INSERT INTO stile.segments
                        (partition_id, base_offset, end_offset, created_at, message_ids, transaction_ids, payloads)
                 VALUES (v_pid, v_base, v_last[k], v_now,
-                        p_message_ids[v_msg : v_msg + v_count - 1],
-                        p_transaction_ids[v_msg : v_msg + v_count - 1],
-                        p_payloads[v_msg : v_msg + v_count - 1])
+                        CASE WHEN v_idx IS NULL THEN p_message_ids[v_msg : v_msg + v_count - 1] ELSE v_keep_mids END,
+                        CASE WHEN v_idx IS NULL THEN p_transaction_ids[v_msg : v_msg + v_count - 1] ELSE v_keep_tids END,
+                        CASE WHEN v_idx IS NULL THEN p_payloads[v_msg : v_msg + v_count - 1] ELSE v_keep_payloads END)
             )
             INSERT INTO stile.txns (partition_id, base_offset, end_offset, created_at, hashes)
             VALUES (v_pid, v_base, v_last[k], v_now, v_hashes);
@@ -328,9 +348,6 @@ BEGIN
             -- Rounded up: a cache that expires hashes by this time never
             -- expires one before SQL would.
             created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
-            dup_idx := NULL;
-            dup_off := NULL;
-            dup_ids := NULL;
         END IF;
         RETURN NEXT;
         v_msg := v_msg + v_count;

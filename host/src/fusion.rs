@@ -89,16 +89,6 @@ impl PartitionQueue {
         Segment { slots, hashes }
     }
 
-    /// Puts slots of a segment that was not written back at the front, ahead
-    /// of anything that arrived since: they came first, so they lead.
-    pub fn requeue_front(&mut self, slots: Vec<Slot>) {
-        let later = std::mem::replace(&mut self.slots, Vec::with_capacity(slots.len()));
-        self.by_hash.clear();
-        for slot in slots.into_iter().chain(later) {
-            self.push_slot(slot);
-        }
-    }
-
     fn push_slot(&mut self, slot: Slot) {
         match self.by_hash.get(&slot.message.hash) {
             Some(&leader) => self.slots[leader].waiters.extend(slot.waiters),
@@ -143,20 +133,6 @@ mod tests {
         assert_eq!(b.waiters, vec![Waiter { request: 1, index: 1 }, Waiter { request: 2, index: 0 }]);
         assert_eq!(segment.hashes.len(), 3 * 16);
         assert_eq!(&segment.hashes[16..32], &crate::hash::txn_hash("b"));
-    }
-
-    #[test]
-    fn requeued_slots_lead_over_later_arrivals() {
-        let mut queue = PartitionQueue::default();
-        queue.add(1, [(0, message("a")), (1, message("b"))]);
-        let segment = queue.take_segment(10);
-        queue.add(2, [(0, message("b"))]);
-        queue.requeue_front(segment.slots);
-        let segment = queue.take_segment(1);
-        assert_eq!(segment.slots[0].message.transaction_id, "a");
-        let segment = queue.take_segment(10);
-        assert_eq!(segment.slots.len(), 1);
-        assert_eq!(segment.slots[0].waiters, vec![Waiter { request: 1, index: 1 }, Waiter { request: 2, index: 0 }]);
     }
 
     #[test]

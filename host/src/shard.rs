@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::cache::ShardCache;
-use crate::db::{Db, DbError, HydrationRows, SegmentOutcome, SegmentPush};
+use crate::db::{Db, DbError, HydrationRows, MessageOutcome, SegmentOutcome, SegmentPush};
 use crate::fusion::{Message, PartitionQueue, Segment, Slot};
 use crate::metrics::Metrics;
 
@@ -341,37 +341,26 @@ impl Worker {
         let mut wants_hydration: Vec<(i64, i32)> = Vec::new();
         for (in_flight, outcome) in segments.into_iter().zip(outcomes) {
             let InFlight { partition_id, window_seconds: planned, state, segment } = in_flight;
-            self.metrics.segment(outcome.probe());
-            let window_seconds = outcome.window_seconds();
+            self.metrics.segment(outcome.probe);
+            let window_seconds = outcome.window_seconds;
             let partition = self.partitions.get_mut(&partition_id).expect("a partition in flight has a state");
             partition.busy = false;
             // The window in force wins over the memoised one; the next plan
             // carries it, and the cache rebuilds under it.
             partition.observe_window(window_seconds, Instant::now());
-            match outcome {
-                SegmentOutcome::Committed { base_offset, created_ms, .. } => {
-                    self.clock_lead_ms = now_ms().saturating_sub(created_ms).max(0);
-                    commits.push((partition_id, base_offset, created_ms, segment.hashes));
-                    for (i, slot) in segment.slots.into_iter().enumerate() {
-                        let offset = base_offset + i64::try_from(i).expect("segments are bounded");
-                        let outcome = Outcome::Queued { message_id: slot.message.message_id, offset };
-                        self.deliver(slot, outcome);
-                    }
-                }
-                SegmentOutcome::Duplicates { duplicates, .. } => {
-                    let mut slots: Vec<Option<Slot>> = segment.slots.into_iter().map(Some).collect();
-                    for duplicate in duplicates {
-                        let slot = slots[duplicate.index as usize].take().expect("each index once");
-                        let outcome = Outcome::Duplicate { message_id: duplicate.message_id, offset: duplicate.offset };
-                        self.deliver(slot, outcome);
-                    }
-                    // Nothing of the segment was written; the rest go again.
-                    let rest: Vec<Slot> = slots.into_iter().flatten().collect();
-                    if !rest.is_empty() {
-                        let partition = self.partitions.get_mut(&partition_id).expect("a partition in flight has a state");
-                        partition.queue.requeue_front(rest);
-                    }
-                }
+            let Segment { slots, hashes } = segment;
+            let per_message = outcome.per_message(slots.len());
+            if let Some(stored) = outcome.stored {
+                self.clock_lead_ms = now_ms().saturating_sub(stored.created_ms).max(0);
+                let hashes = if outcome.duplicates.is_empty() { hashes } else { stored_hashes(&slots, &per_message) };
+                commits.push((partition_id, stored.base_offset, stored.created_ms, hashes));
+            }
+            for (slot, message) in slots.into_iter().zip(per_message) {
+                let outcome = match message {
+                    MessageOutcome::Stored { offset } => Outcome::Queued { message_id: slot.message.message_id, offset },
+                    MessageOutcome::Duplicate(d) => Outcome::Duplicate { message_id: d.message_id, offset: d.offset },
+                };
+                self.deliver(slot, outcome);
             }
             let needs_rebuild = matches!(state, EntryState::Cold | EntryState::Gap | EntryState::Rebuild);
             if window_seconds > 0 && (needs_rebuild || window_seconds != planned) {
@@ -524,6 +513,18 @@ impl Worker {
             warn_suppressed(now, self.id, stats.suppressed);
         }
     }
+}
+
+/// The hashes of a segment's stored messages, in offset order: what the
+/// cache records for the commit.
+fn stored_hashes(slots: &[Slot], per_message: &[MessageOutcome]) -> Vec<u8> {
+    let mut hashes = Vec::with_capacity(16 * slots.len());
+    for (slot, message) in slots.iter().zip(per_message) {
+        if let MessageOutcome::Stored { .. } = message {
+            hashes.extend_from_slice(&slot.message.hash);
+        }
+    }
+    hashes
 }
 
 /// Warns that partitions are suppressed, at most once a minute across the

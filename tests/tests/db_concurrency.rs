@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::seq::SliceRandom;
-use stile::db::SegmentOutcome;
+use stile::db::{MessageOutcome, SegmentOutcome};
 use stile_tests::pg::{TestDb, partition_state, segment};
 use tokio::sync::Barrier;
 
@@ -13,6 +13,8 @@ use tokio::sync::Barrier;
 async fn sixteen_pushers_of_one_transaction_id_store_it_once() {
     const PUSHERS: usize = 16;
     const ROUNDS: usize = 50;
+    // Per round: the shared id once, and every pusher's own id.
+    const STORED_PER_ROUND: i64 = PUSHERS as i64 + 1;
     let t = TestDb::with_pool(PUSHERS).await;
     let p = t.db.resolve_partition("race", "p").await.unwrap();
     let barrier = Arc::new(Barrier::new(PUSHERS));
@@ -23,50 +25,61 @@ async fn sixteen_pushers_of_one_transaction_id_store_it_once() {
         tasks.push(tokio::spawn(async move {
             let mut results = Vec::with_capacity(ROUNDS);
             for round in 0..ROUNDS {
-                let txn = format!("txn-{round}");
+                let shared = format!("txn-{round}");
+                let own = format!("txn-{round}-{pusher}");
+                // The shared id first or second, beside an id of the pusher's
+                // own, which every loser still stores.
+                let ids: [&str; 2] = if pusher % 2 == 0 { [&shared, &own] } else { [&own, &shared] };
+                let at = usize::from(pusher % 2 == 1);
                 // Half the pushers cannot vouch; the others vouch for what
                 // was stored before the round began (a stale but sound vouch).
-                let p_verified = if pusher % 2 == 0 { -1 } else { round as i64 - 1 };
-                let s = segment(p.id, &[&txn], p_verified, 3600);
-                let id = s.message_ids[0];
+                let p_verified = if pusher % 4 < 2 { -1 } else { round as i64 * STORED_PER_ROUND - 1 };
+                let s = segment(p.id, &ids, p_verified, 3600);
+                let id = s.message_ids[at];
                 barrier.wait().await;
                 let out = db.push_bundle(&[s]).await.expect("push");
-                results.push((id, out.into_iter().next().expect("one outcome")));
+                results.push((id, at, out.into_iter().next().expect("one outcome")));
                 // Everyone finishes the round before the next starts.
                 barrier.wait().await;
             }
             results
         }));
     }
-    let mut by_round: Vec<Vec<(uuid::Uuid, SegmentOutcome)>> = vec![Vec::new(); ROUNDS];
+    let mut by_round: Vec<Vec<(uuid::Uuid, usize, SegmentOutcome)>> = vec![Vec::new(); ROUNDS];
     for task in tasks {
         for (round, r) in task.await.unwrap().into_iter().enumerate() {
             by_round[round].push(r);
         }
     }
     for (round, results) in by_round.iter().enumerate() {
-        let winners: Vec<_> = results
-            .iter()
-            .filter_map(|(id, o)| match o {
-                SegmentOutcome::Committed { base_offset, .. } => Some((*id, *base_offset)),
-                _ => None,
-            })
-            .collect();
+        let first = round as i64 * STORED_PER_ROUND;
+        let mut offsets: Vec<i64> = Vec::new();
+        let mut winners = Vec::new();
+        for (id, at, o) in results {
+            for message in o.per_message(2) {
+                if let MessageOutcome::Stored { offset } = message {
+                    offsets.push(offset);
+                }
+            }
+            if o.duplicates.is_empty() {
+                let MessageOutcome::Stored { offset } = o.per_message(2)[*at] else { unreachable!() };
+                winners.push((*id, offset));
+            }
+        }
+        offsets.sort_unstable();
+        assert_eq!(offsets, (first..first + STORED_PER_ROUND).collect::<Vec<_>>(), "round {round}: one offset each");
         assert_eq!(winners.len(), 1, "round {round}: {results:?}");
         let (winner_id, winner_offset) = winners[0];
-        assert_eq!(winner_offset, round as i64, "one offset per round");
-        for (_, o) in results {
-            if let SegmentOutcome::Duplicates { duplicates, .. } = o {
-                assert_eq!(duplicates.len(), 1);
-                assert_eq!(duplicates[0].index, 0);
-                assert_eq!(duplicates[0].offset, winner_offset);
-                assert_eq!(duplicates[0].message_id, winner_id);
+        for (_, at, o) in results {
+            for d in &o.duplicates {
+                assert_eq!(d.index as usize, *at, "only the shared id is a duplicate");
+                assert_eq!((d.offset, d.message_id), (winner_offset, winner_id));
             }
         }
     }
     let c = t.client().await;
-    let n = ROUNDS as i64;
-    assert_eq!(partition_state(&c, p.id).await, (n - 1, 0, n, n));
+    let (n, stored) = (ROUNDS as i64, ROUNDS as i64 * STORED_PER_ROUND);
+    assert_eq!(partition_state(&c, p.id).await, (stored - 1, 0, n * PUSHERS as i64, n * PUSHERS as i64));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -112,7 +125,7 @@ async fn overlapping_bundles_in_random_order_never_deadlock() {
                     .collect();
                 let out = db.push_bundle(&segments).await.expect("no deadlock, no error");
                 for (s, o) in segments.iter().zip(&out) {
-                    assert!(matches!(o, SegmentOutcome::Committed { .. }), "{o:?}");
+                    assert!(o.duplicates.is_empty() && o.stored.is_some(), "{o:?}");
                     *counts.entry(s.partition_id).or_default() += s.len() as i64;
                 }
             }

@@ -1,22 +1,27 @@
 //! The push function against a real PostgreSQL: verdicts, the probe's span,
-//! and what a duplicate leaves behind (nothing).
+//! what a duplicate leaves behind (nothing), and where its neighbours go.
 
 use serde_json::{Map, json};
-use stile::db::{ConfigureMode, Duplicate, ProbeMode, SegmentOutcome};
+use stile::db::{ConfigureMode, Duplicate, MessageOutcome, ProbeMode, SegmentOutcome};
 use stile_tests::pg::{TestDb, partition_state, segment};
 
+/// A segment stored whole: its base offset and the probe.
 fn committed(outcome: &SegmentOutcome) -> (i64, ProbeMode) {
     match outcome {
-        SegmentOutcome::Committed { base_offset, probe, .. } => (*base_offset, *probe),
+        SegmentOutcome { stored: Some(stored), duplicates, probe, .. } if duplicates.is_empty() => (stored.base_offset, *probe),
         other => panic!("expected a commit, got {other:?}"),
     }
 }
 
+/// A segment with duplicates: them and the probe.
 fn duplicates(outcome: &SegmentOutcome) -> (Vec<Duplicate>, ProbeMode) {
-    match outcome {
-        SegmentOutcome::Duplicates { duplicates, probe, .. } => (duplicates.clone(), *probe),
-        other => panic!("expected duplicates, got {other:?}"),
-    }
+    assert!(!outcome.duplicates.is_empty(), "expected duplicates, got {outcome:?}");
+    (outcome.duplicates.clone(), outcome.probe)
+}
+
+/// Where a segment's messages that are not duplicates went, if anywhere.
+fn stored_at(outcome: &SegmentOutcome) -> Option<i64> {
+    outcome.stored.map(|s| s.base_offset)
 }
 
 async fn set_window(t: &TestDb, queue: &str, seconds: i64) {
@@ -34,7 +39,7 @@ async fn first_push_allocates_from_zero_and_writes_both_rows() {
     let out = t.db.push_bundle(&[segment(p.id, &["a", "b", "c"], -1, 3600)]).await.unwrap();
     // An empty partition has nothing to compare against.
     assert_eq!(committed(&out[0]), (0, ProbeMode::Skipped));
-    assert_eq!(out[0].window_seconds(), 3600);
+    assert_eq!(out[0].window_seconds, 3600);
     let out = t.db.push_bundle(&[segment(p.id, &["d"], -1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (3, ProbeMode::Full));
 
@@ -66,12 +71,41 @@ async fn a_duplicate_writes_nothing_and_names_the_original() {
     let c = t.client().await;
     let before = partition_state(&c, p.id).await;
 
-    let out = t.db.push_bundle(&[segment(p.id, &["d", "b", "e"], -1, 3600)]).await.unwrap();
+    // A segment of duplicates only: no allocator bump, no segment, no txns row.
+    let out = t.db.push_bundle(&[segment(p.id, &["c", "b"], -1, 3600)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!(probe, ProbeMode::Full);
+    assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(0, 2), (1, 1)]);
+    assert_eq!(stored_at(&out[0]), None);
+    assert_eq!(partition_state(&c, p.id).await, before);
+
+    // With neighbours: the duplicate writes nothing, "d" and "e" are stored
+    // in their order at the next offsets, as one segment without "b".
+    let s = segment(p.id, &["d", "b", "e"], -1, 3600);
+    let (d_id, e_id) = (s.message_ids[0], s.message_ids[2]);
+    let out = t.db.push_bundle(&[s]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Full);
     assert_eq!(dups, vec![Duplicate { index: 1, offset: 1, message_id: b_id }]);
-    // No allocator bump, no segment, no txns row: not even for "d" and "e".
-    assert_eq!(partition_state(&c, p.id).await, before);
+    assert_eq!(stored_at(&out[0]), Some(3));
+    let per_message = out[0].per_message(3);
+    assert_eq!(per_message[0], MessageOutcome::Stored { offset: 3 });
+    assert_eq!(per_message[2], MessageOutcome::Stored { offset: 4 });
+    assert_eq!(partition_state(&c, p.id).await, (4, 0, 2, 2));
+    let row = c
+        .query_one(
+            "SELECT t.end_offset, t.hashes, s.transaction_ids, s.message_ids FROM stile.txns t \
+             JOIN stile.segments s USING (partition_id, base_offset, end_offset, created_at) \
+             WHERE partition_id = $1 AND base_offset = 3",
+            &[&p.id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 4);
+    let hash = stile::hash::txn_hash;
+    assert_eq!(row.get::<_, Vec<u8>>(1), [hash("d"), hash("e")].concat());
+    assert_eq!(row.get::<_, Vec<String>>(2), vec!["d", "e"]);
+    assert_eq!(row.get::<_, Vec<uuid::Uuid>>(3), vec![d_id, e_id]);
 
     // The same id in another partition or queue is another message.
     let other = t.db.resolve_partition("orders", "p1").await.unwrap();
@@ -96,8 +130,9 @@ async fn duplicates_of_several_segments_name_each_original() {
         t.db.push_bundle(&[s]).await.unwrap();
     }
     // Originals in three segments, named out of offset order, around a new id.
-    for p_verified in [-1, 2] {
-        let out = t.db.push_bundle(&[segment(p.id, &["g", "a", "new", "e", "b", "h"], p_verified, 3600)]).await.unwrap();
+    for (p_verified, fresh, stored) in [(-1, "new1", 8), (2, "new2", 9)] {
+        let out = t.db.push_bundle(&[segment(p.id, &["g", "a", fresh, "e", "b", "h"], p_verified, 3600)]).await.unwrap();
+        assert_eq!(stored_at(&out[0]), Some(stored));
         let (dups, _) = duplicates(&out[0]);
         let expected: Vec<Duplicate> = [(0, 6), (1, 0), (3, 4), (4, 1), (5, 7)]
             .into_iter()
@@ -128,10 +163,10 @@ async fn min_picks_the_first_occurrence() {
     assert_eq!(probe, ProbeMode::Full);
     assert_eq!(dups, vec![Duplicate { index: 0, offset: 1, message_id: a_id }]);
     // A narrowed probe above offset 1 finds the next one still inside.
-    let out = t.db.push_bundle(&[segment(p.id, &["z", "a"], 1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(&[segment(p.id, &["w", "a"], 1, 3600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Narrowed);
-    assert_eq!((dups[0].index, dups[0].offset), (1, 2));
+    assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(1, 2)]);
 }
 
 #[tokio::test]
@@ -147,11 +182,12 @@ async fn a_hash_older_than_the_window_is_new_again() {
         .unwrap();
     t.db.push_bundle(&[segment(p.id, &["c"], -1, 60)]).await.unwrap();
     let out = t.db.push_bundle(&[segment(p.id, &["a", "c"], -1, 60)]).await.unwrap();
-    // "c" (offset 2) is inside the window, "a" (offset 0) is not.
+    // "c" (offset 2) is inside the window, "a" (offset 0) is not: stored.
     let (dups, _) = duplicates(&out[0]);
     assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(1, 2)]);
-    let out = t.db.push_bundle(&[segment(p.id, &["a"], -1, 60)]).await.unwrap();
-    assert_eq!(committed(&out[0]), (3, ProbeMode::Full));
+    assert_eq!(stored_at(&out[0]), Some(3));
+    let out = t.db.push_bundle(&[segment(p.id, &["b"], -1, 60)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (4, ProbeMode::Full));
 }
 
 #[tokio::test]
@@ -171,12 +207,13 @@ async fn p_verified_skips_or_narrows_the_probe() {
     let out = t.db.push_bundle(&[segment(p.id, &["d", "c"], 1, 3600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Narrowed);
-    assert_eq!((dups[0].index, dups[0].offset), (1, 2));
-    let out = t.db.push_bundle(&[segment(p.id, &["d"], 1, 3600)]).await.unwrap();
-    assert_eq!(committed(&out[0]), (4, ProbeMode::Narrowed));
+    assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(stored_at(&out[0]), Some(4));
+    let out = t.db.push_bundle(&[segment(p.id, &["e"], 1, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (5, ProbeMode::Narrowed));
     // A vouch beyond the allocator is clamped to it.
-    let out = t.db.push_bundle(&[segment(p.id, &["e"], 1_000, 3600)]).await.unwrap();
-    assert_eq!(committed(&out[0]), (5, ProbeMode::Skipped));
+    let out = t.db.push_bundle(&[segment(p.id, &["f"], 1_000, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (6, ProbeMode::Skipped));
 }
 
 #[tokio::test]
@@ -206,7 +243,7 @@ async fn window_zero_skips_the_probe_but_writes_txns() {
     for expected in 0..3 {
         let out = t.db.push_bundle(&[segment(p.id, &["same"], -1, 0)]).await.unwrap();
         assert_eq!(committed(&out[0]), (expected, ProbeMode::Off));
-        assert_eq!(out[0].window_seconds(), 0);
+        assert_eq!(out[0].window_seconds, 0);
     }
     let c = t.client().await;
     assert_eq!(partition_state(&c, p.id).await, (2, 0, 3, 3));
@@ -267,10 +304,11 @@ async fn a_bundle_with_a_duplicate_commits_the_other_partitions() {
         .unwrap();
     assert_eq!(committed(&out[0]).0, 0);
     assert_eq!(duplicates(&out[1]).0, vec![Duplicate { index: 1, offset: 0, message_id: x_id }]);
+    assert_eq!(stored_at(&out[1]), Some(1));
     assert_eq!(committed(&out[2]).0, 0);
     let c = t.client().await;
     assert_eq!(partition_state(&c, p1.id).await, (0, 0, 1, 1));
-    assert_eq!(partition_state(&c, p2.id).await, (0, 0, 1, 1));
+    assert_eq!(partition_state(&c, p2.id).await, (1, 0, 2, 2));
     assert_eq!(partition_state(&c, p3.id).await, (1, 0, 1, 1));
 }
 
@@ -311,7 +349,7 @@ async fn reads_return_what_was_pushed() {
     let s1 = segment(p.id, &["d", "e"], -1, 3600);
     let ids: Vec<_> = s0.message_ids.iter().chain(&s1.message_ids).copied().collect();
     let out = t.db.push_bundle(&[s0, s1]).await.unwrap();
-    let SegmentOutcome::Committed { created_ms, .. } = out[0] else { panic!("{out:?}") };
+    let created_ms = out[0].stored.expect("stored").created_ms;
 
     let all = t.db.read_messages("q", "p", 0, 100).await.unwrap();
     assert_eq!(all.len(), 5);
@@ -363,7 +401,7 @@ async fn hydration_reads_the_window_and_the_allocator_together() {
     t.db.push_bundle(&[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
     t.db.push_bundle(&[segment(p.id, &["c"], -1, 3600)]).await.unwrap();
     let out = t.db.push_bundle(&[segment(p.id, &["d"], -1, 3600)]).await.unwrap();
-    let SegmentOutcome::Committed { created_ms, .. } = out[0] else { panic!("{out:?}") };
+    let created_ms = out[0].stored.expect("stored").created_ms;
     let c = t.client().await;
     // Row 0 is 10 minutes old, row 2 is 62 s old: outside 60 s, but inside
     // the 5 s slack.

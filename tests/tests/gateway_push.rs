@@ -64,6 +64,37 @@ async fn a_retried_push_answers_duplicate_with_the_original_and_appends_nothing(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_mixing_stored_and_new_ids_stores_the_new_ones_in_order_in_one_segment() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut client = gw.client().await;
+    let first = client.push(vec![item("q", "p", Some("a"), json!("a")), item("q", "p", Some("b"), json!("b"))]).await;
+    assert!(first.iter().all(Answer::queued));
+    let segments = |text: &str| {
+        ["skipped", "narrowed", "full"]
+            .iter()
+            .map(|p| metric(text, &format!("stile_segments_total{{probe=\"{p}\"}}")))
+            .sum::<f64>()
+    };
+    let before = segments(&client.metrics().await);
+
+    let ids = ["c", "b", "d", "a", "e"];
+    let answers = client.push(ids.iter().map(|id| item("q", "p", Some(id), json!(id))).collect()).await;
+    let got: Vec<(&str, i64)> = answers.iter().map(|a| (a.status.as_str(), a.offset)).collect();
+    assert_eq!(got, vec![("queued", 2), ("duplicate", 1), ("queued", 3), ("duplicate", 0), ("queued", 4)]);
+    assert_eq!(answers[1].message_id, first[1].message_id);
+    assert_eq!(answers[3].message_id, first[0].message_id);
+    // The duplicates wrote nothing; the new ones went in the same segment
+    // as the retried ones, in one round trip, not sent again after it.
+    assert_eq!(segments(&client.metrics().await) - before, 1.0);
+    let stored = client.messages("q", "p", 0).await;
+    let order: Vec<(i64, &str)> = stored.iter().map(|m| (m.offset, m.transaction_id.as_str())).collect();
+    assert_eq!(order, vec![(0, "a"), (1, "b"), (2, "c"), (3, "d"), (4, "e")]);
+    assert_eq!(stored[2].message_id, answers[0].message_id);
+    assert_eq!(stored_counts(&t, "q").await, (5, 5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeats_in_one_request_follow_the_first_and_other_partitions_are_other_messages() {
     let t = fresh_database().await;
     let gw = Gateway::start(&t.url()).await;

@@ -132,48 +132,60 @@ pub struct Duplicate {
 }
 
 /// What became of one segment of a bundle.
+///
+/// Its duplicates wrote nothing; its other messages, in their order, were
+/// stored at consecutive offsets from `stored.base_offset`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SegmentOutcome {
-    /// Stored at `base_offset ..= base_offset + len - 1`.
-    Committed {
-        /// The first message's offset.
-        base_offset: i64,
-        /// The segment's `created_at` (database clock) in ms since the epoch,
-        /// rounded up.
-        created_ms: i64,
-        /// The window in force, in seconds.
-        window_seconds: i32,
-        /// What the probe did.
-        probe: ProbeMode,
-    },
-    /// At least one message is already stored: nothing of the segment was
-    /// written (no offsets allocated, no rows).
-    Duplicates {
-        /// The window in force, in seconds.
-        window_seconds: i32,
-        /// What the probe did (never `Skipped` or `Off`).
-        probe: ProbeMode,
-        /// The duplicates, by ascending index.
-        duplicates: Vec<Duplicate>,
-    },
+pub struct SegmentOutcome {
+    /// The window in force, in seconds.
+    pub window_seconds: i32,
+    /// What the probe did (`Skipped` and `Off` only for a segment without
+    /// duplicates).
+    pub probe: ProbeMode,
+    /// The messages already stored, by ascending index.
+    pub duplicates: Vec<Duplicate>,
+    /// Where the others went; `None` when every message was a duplicate.
+    pub stored: Option<Stored>,
+}
+
+/// Where the messages of a segment that are not duplicates were stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    /// The offset of the first of them.
+    pub base_offset: i64,
+    /// The rows' `created_at` (database clock) in ms since the epoch,
+    /// rounded up.
+    pub created_ms: i64,
 }
 
 impl SegmentOutcome {
-    /// The window in force when the segment was decided.
-    pub fn window_seconds(&self) -> i32 {
-        match self {
-            SegmentOutcome::Committed { window_seconds, .. } | SegmentOutcome::Duplicates { window_seconds, .. } => {
-                *window_seconds
+    /// The outcome of each of the segment's `len` messages, by index: the
+    /// duplicates' originals, and the others' offsets in order from
+    /// `stored.base_offset`.
+    pub fn per_message(&self, len: usize) -> Vec<MessageOutcome> {
+        let mut out = Vec::with_capacity(len);
+        let mut duplicates = self.duplicates.iter().peekable();
+        let mut next_offset = self.stored.map(|s| s.base_offset);
+        for index in 0..len {
+            match duplicates.next_if(|d| d.index as usize == index) {
+                Some(d) => out.push(MessageOutcome::Duplicate(*d)),
+                None => {
+                    let offset = next_offset.expect("a message that is not a duplicate was stored");
+                    out.push(MessageOutcome::Stored { offset });
+                    next_offset = Some(offset + 1);
+                }
             }
         }
+        assert!(duplicates.next().is_none(), "every duplicate names a message of the segment");
+        out
     }
+}
 
-    /// What the probe did.
-    pub fn probe(&self) -> ProbeMode {
-        match self {
-            SegmentOutcome::Committed { probe, .. } | SegmentOutcome::Duplicates { probe, .. } => *probe,
-        }
-    }
+/// What became of one message of a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageOutcome {
+    Stored { offset: i64 },
+    Duplicate(Duplicate),
 }
 
 /// How [`Db::configure`] treats the options a call leaves out.
@@ -331,8 +343,8 @@ impl Db {
     }
 
     /// Pushes a bundle of segments in one round trip and one transaction.
-    /// Returns one outcome per segment, in order. A segment with duplicates
-    /// writes nothing; the others commit whatever became of their neighbours.
+    /// Returns one outcome per segment, in order. A duplicate writes nothing;
+    /// every other message is stored, whatever became of its neighbours.
     pub async fn push_bundle(&self, segments: &[SegmentPush]) -> Result<Vec<SegmentOutcome>, DbError> {
         if segments.is_empty() {
             return Ok(Vec::new());
@@ -377,38 +389,44 @@ impl Db {
             return Err(DbError::Protocol(format!("stile.push returned {} rows for {} segments", rows.len(), segments.len())));
         }
         let mut out = Vec::with_capacity(rows.len());
-        for (i, row) in rows.iter().enumerate() {
+        for ((i, row), segment) in rows.iter().enumerate().zip(segments) {
             let seg: i32 = row.try_get(0)?;
             if usize::try_from(seg).ok() != Some(i) {
                 return Err(DbError::Protocol(format!("row {i} is for segment {seg}")));
             }
             let base: Option<i64> = row.try_get(1)?;
+            let stored = match base {
+                Some(base_offset) => Some(Stored { base_offset, created_ms: row.try_get(2)? }),
+                None => None,
+            };
+            let idx: Option<Vec<i32>> = row.try_get(5)?;
+            let off: Option<Vec<i64>> = row.try_get(6)?;
+            let ids: Option<Vec<Option<Uuid>>> = row.try_get(7)?;
+            let (idx, off, ids) = (idx.unwrap_or_default(), off.unwrap_or_default(), ids.unwrap_or_default());
+            let len = segment.len();
+            let indexes_ascend = idx.windows(2).all(|w| w[0] < w[1]);
+            let in_segment = idx.iter().all(|&x| usize::try_from(x).is_ok_and(|x| x < len));
+            let accounted = stored.is_some() == (idx.len() < len);
+            if idx.len() != off.len() || idx.len() != ids.len() || !indexes_ascend || !in_segment || !accounted {
+                return Err(DbError::Protocol(format!(
+                    "segment {i}: {} duplicates of {len} messages, stored: {}",
+                    idx.len(),
+                    stored.is_some()
+                )));
+            }
+            let duplicates = idx
+                .into_iter()
+                .zip(off)
+                .zip(ids)
+                .map(|((index, offset), message_id)| Duplicate {
+                    index: index as u32,
+                    offset,
+                    message_id: message_id.unwrap_or(Uuid::nil()),
+                })
+                .collect();
             let window_seconds: i32 = row.try_get(3)?;
             let probe = ProbeMode::parse(row.try_get(4)?)?;
-            out.push(match base {
-                Some(base_offset) => {
-                    SegmentOutcome::Committed { base_offset, created_ms: row.try_get(2)?, window_seconds, probe }
-                }
-                None => {
-                    let idx: Vec<i32> = row.try_get(5)?;
-                    let off: Vec<i64> = row.try_get(6)?;
-                    let ids: Vec<Option<Uuid>> = row.try_get(7)?;
-                    if idx.len() != off.len() || idx.len() != ids.len() || idx.is_empty() {
-                        return Err(DbError::Protocol(format!("segment {i}: malformed duplicates")));
-                    }
-                    let duplicates = idx
-                        .into_iter()
-                        .zip(off)
-                        .zip(ids)
-                        .map(|((index, offset), message_id)| Duplicate {
-                            index: index as u32,
-                            offset,
-                            message_id: message_id.unwrap_or(Uuid::nil()),
-                        })
-                        .collect();
-                    SegmentOutcome::Duplicates { window_seconds, probe, duplicates }
-                }
-            });
+            out.push(SegmentOutcome { window_seconds, probe, duplicates, stored });
         }
         Ok(out)
     }

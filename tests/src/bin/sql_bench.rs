@@ -256,26 +256,26 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
                     s.message_ids[i] = fast_id();
                 }
                 let out = db.push_bundle(std::slice::from_ref(&s)).await.unwrap();
-                match out[0] {
-                    SegmentOutcome::Committed { base_offset, probe, .. } => {
-                        // (An empty partition has nothing to probe.)
-                        let empty = last == -1 && probe == ProbeMode::Skipped;
-                        last = base_offset + size as i64 - 1;
-                        messages += size as u64;
-                        wrong += u64::from(probe != expected && !empty);
-                        if mode == Mode::Retry {
-                            s.p_verified = base_offset - 1;
-                            let again = db.push_bundle(std::slice::from_ref(&s)).await.unwrap();
-                            let SegmentOutcome::Duplicates { probe, ref duplicates, .. } = again[0] else {
-                                panic!("a retry was stored: {again:?}");
-                            };
-                            let originals = duplicates.iter().enumerate().all(|(i, d)| d.offset == base_offset + i as i64);
-                            assert!(duplicates.len() == size && originals, "a retry answered {duplicates:?}");
-                            messages += size as u64;
-                            wrong += u64::from(probe != ProbeMode::Narrowed);
-                        }
-                    }
-                    ref other => panic!("unexpected {other:?}"),
+                let SegmentOutcome { stored: Some(stored), probe, ref duplicates, .. } = out[0] else {
+                    panic!("unexpected {:?}", out[0]);
+                };
+                assert!(duplicates.is_empty(), "fresh ids answered {duplicates:?}");
+                let base_offset = stored.base_offset;
+                // (An empty partition has nothing to probe.)
+                let empty = last == -1 && probe == ProbeMode::Skipped;
+                last = base_offset + size as i64 - 1;
+                messages += size as u64;
+                wrong += u64::from(probe != expected && !empty);
+                if mode == Mode::Retry {
+                    s.p_verified = base_offset - 1;
+                    let again = db.push_bundle(std::slice::from_ref(&s)).await.unwrap();
+                    let SegmentOutcome { stored: None, probe, ref duplicates, .. } = again[0] else {
+                        panic!("a retry was stored: {again:?}");
+                    };
+                    let originals = duplicates.iter().enumerate().all(|(i, d)| d.offset == base_offset + i as i64);
+                    assert!(duplicates.len() == size && originals, "a retry answered {duplicates:?}");
+                    messages += size as u64;
+                    wrong += u64::from(probe != ProbeMode::Narrowed);
                 }
             }
             (messages, wrong)
