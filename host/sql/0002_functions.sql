@@ -78,6 +78,11 @@ $$;
 -- txns row (txns even with the window at 0), and base_offset and created_ms
 -- say where and when. A segment of duplicates only returns no base_offset.
 --
+-- A narrowed probe reads the span's first row inside the window alone when
+-- that row holds every hash of the segment (a retry floored at its original
+-- by the cache): every other row of the span lies above it, so each hash's
+-- first occurrence is there. Otherwise it reads every row of the span.
+--
 -- Exactness rules beyond the plain probe:
 --   * a window larger than the one the cache planned under voids p_verified
 --     (a cache that expired under a shorter window cannot vouch for a longer);
@@ -148,6 +153,8 @@ DECLARE
     v_h2 bytea;
     v_h3 bytea;
     v_h4 bytea;
+    v_first_base bigint;   -- the span's first row, tried alone first
+    v_first_hashes bytea;
 BEGIN
     IF v_n = 0 THEN
         RETURN;
@@ -271,38 +278,82 @@ BEGIN
                     IF v_count >= 3 THEN v_h3 := substring(v_hashes FROM 33 FOR 16); END IF;
                     IF v_count >= 4 THEN v_h4 := substring(v_hashes FROM 49 FOR 16); END IF;
                 END IF;
-                SELECT array_agg(d.idx ORDER BY d.idx),
-                       array_agg(d.off ORDER BY d.idx),
-                       array_agg(o.mid ORDER BY d.idx)
-                  INTO v_idx, v_off, v_mid
-                  FROM (SELECT ih.idx, min(t.base_offset + th.idx) AS off
-                          FROM (SELECT t2.base_offset, t2.hashes
-                                  FROM (SELECT t1.base_offset,
-                                               -- detoasted once per row, not once per use
-                                               t1.hashes || '\x'::bytea AS hashes
-                                          FROM (SELECT t0.base_offset, t0.created_at, t0.hashes
-                                                  FROM stile.txns t0
-                                                 WHERE t0.partition_id = v_pid
-                                                   AND t0.end_offset > v_from
-                                                   AND t0.end_offset <= v_last[k]
-                                                OFFSET 0) AS t1
-                                         WHERE t1.created_at >= v_now - make_interval(secs => v_window)
-                                        OFFSET 0) AS t2
-                                 WHERE v_count > 4
-                                    OR position(v_h1 IN t2.hashes) > 0
-                                    OR position(v_h2 IN t2.hashes) > 0
-                                    OR position(v_h3 IN t2.hashes) > 0
-                                    OR position(v_h4 IN t2.hashes) > 0
-                                OFFSET 0) AS t
-                         CROSS JOIN LATERAL stile.unnest_hashes(t.hashes) AS th
-                          JOIN stile.unnest_hashes(v_hashes) AS ih ON ih.h = th.h
-                         GROUP BY ih.idx) AS d
-                  LEFT JOIN LATERAL (
-                        SELECT s.message_ids[(d.off - s.base_offset + 1)::integer] AS mid
-                          FROM stile.segments s
-                         WHERE s.partition_id = v_pid AND s.base_offset <= d.off
-                         ORDER BY s.base_offset DESC
-                         LIMIT 1) AS o ON true;
+                -- A narrowed probe tries the span's first row alone, first.
+                -- The cache floors a local hit at its original's own offset,
+                -- so for a retry that row usually holds every hash of the
+                -- segment. When it does, it holds each one's first occurrence
+                -- in the span (every other row of the span inside the window
+                -- lies above it), and no other row needs reading.
+                IF v_probe = 'narrowed' THEN
+                    SELECT r.base_offset, r.hashes || '\x'::bytea
+                      INTO v_first_base, v_first_hashes
+                      FROM stile.txns r
+                     WHERE r.partition_id = v_pid
+                       AND r.end_offset > v_from
+                       AND r.end_offset <= v_last[k]
+                       AND r.created_at >= v_now - make_interval(secs => v_window)
+                     ORDER BY r.end_offset
+                     LIMIT 1;
+                    IF FOUND AND (v_count > 4 OR (position(v_h1 IN v_first_hashes) > 0
+                                                  AND coalesce(position(v_h2 IN v_first_hashes) > 0, true)
+                                                  AND coalesce(position(v_h3 IN v_first_hashes) > 0, true)
+                                                  AND coalesce(position(v_h4 IN v_first_hashes) > 0, true))) THEN
+                        SELECT array_agg(ih.idx ORDER BY ih.idx),
+                               array_agg(v_first_base + th.idx ORDER BY ih.idx)
+                          INTO v_idx, v_off
+                          FROM stile.unnest_hashes(v_hashes) AS ih
+                          JOIN (SELECT f.h, min(f.idx) AS idx
+                                  FROM stile.unnest_hashes(v_first_hashes) AS f
+                                 GROUP BY f.h) AS th ON th.h = ih.h;
+                        IF cardinality(v_idx) = v_count THEN
+                            -- The row's messages are the segments row of the
+                            -- same base (gone only if retention removed it).
+                            SELECT array_agg(s.message_ids[(o.off - v_first_base + 1)::integer] ORDER BY o.n)
+                              INTO v_mid
+                              FROM stile.segments s
+                             CROSS JOIN unnest(v_off) WITH ORDINALITY AS o(off, n)
+                             WHERE s.partition_id = v_pid AND s.base_offset = v_first_base;
+                            v_mid := coalesce(v_mid, array_fill(NULL::uuid, ARRAY[v_count]));
+                        ELSE
+                            v_idx := NULL;
+                            v_off := NULL;
+                        END IF;
+                    END IF;
+                END IF;
+                IF v_idx IS NULL THEN
+                    SELECT array_agg(d.idx ORDER BY d.idx),
+                           array_agg(d.off ORDER BY d.idx),
+                           array_agg(o.mid ORDER BY d.idx)
+                      INTO v_idx, v_off, v_mid
+                      FROM (SELECT ih.idx, min(t.base_offset + th.idx) AS off
+                              FROM (SELECT t2.base_offset, t2.hashes
+                                      FROM (SELECT t1.base_offset,
+                                                   -- detoasted once per row, not once per use
+                                                   t1.hashes || '\x'::bytea AS hashes
+                                              FROM (SELECT t0.base_offset, t0.created_at, t0.hashes
+                                                      FROM stile.txns t0
+                                                     WHERE t0.partition_id = v_pid
+                                                       AND t0.end_offset > v_from
+                                                       AND t0.end_offset <= v_last[k]
+                                                    OFFSET 0) AS t1
+                                             WHERE t1.created_at >= v_now - make_interval(secs => v_window)
+                                            OFFSET 0) AS t2
+                                     WHERE v_count > 4
+                                        OR position(v_h1 IN t2.hashes) > 0
+                                        OR position(v_h2 IN t2.hashes) > 0
+                                        OR position(v_h3 IN t2.hashes) > 0
+                                        OR position(v_h4 IN t2.hashes) > 0
+                                    OFFSET 0) AS t
+                             CROSS JOIN LATERAL stile.unnest_hashes(t.hashes) AS th
+                              JOIN stile.unnest_hashes(v_hashes) AS ih ON ih.h = th.h
+                             GROUP BY ih.idx) AS d
+                      LEFT JOIN LATERAL (
+                            SELECT s.message_ids[(d.off - s.base_offset + 1)::integer] AS mid
+                              FROM stile.segments s
+                             WHERE s.partition_id = v_pid AND s.base_offset <= d.off
+                             ORDER BY s.base_offset DESC
+                             LIMIT 1) AS o ON true;
+                END IF;
             END IF;
         END IF;
 

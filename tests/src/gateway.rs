@@ -340,6 +340,11 @@ impl Gateway {
         }
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.process.pid()).expect("a pid fits i32")
+    }
+
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr

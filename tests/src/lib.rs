@@ -3,6 +3,7 @@
 
 pub mod checker;
 pub mod component;
+pub mod cpu;
 pub mod gateway;
 pub mod pg;
 pub mod trace;

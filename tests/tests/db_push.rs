@@ -145,6 +145,55 @@ async fn duplicates_of_several_segments_name_each_original() {
 }
 
 #[tokio::test]
+async fn a_narrowed_retry_is_answered_from_the_first_row_of_its_span_when_it_holds_every_hash() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let s0 = segment(p.id, &["a", "b", "c"], -1, 3600);
+    let s1 = segment(p.id, &["d", "e", "b2"], -1, 3600);
+    let ids: Vec<uuid::Uuid> = s0.message_ids.iter().chain(&s1.message_ids).copied().collect();
+    for s in [s0, s1] {
+        t.db.push_bundle(&[s]).await.unwrap();
+    }
+    let named = |out: &SegmentOutcome| out.duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect::<Vec<_>>();
+    // The span (0, 5] starts in s0, which holds both: answered from it.
+    let out = t.db.push_bundle(&[segment(p.id, &["c", "b"], 0, 3600)]).await.unwrap();
+    assert_eq!(out[0].probe, ProbeMode::Narrowed);
+    assert_eq!(named(&out[0]), vec![(0, 2, ids[2]), (1, 1, ids[1])]);
+    assert_eq!(stored_at(&out[0]), None);
+    // s0 holds "c" but not "e": every row of the span is read.
+    let out = t.db.push_bundle(&[segment(p.id, &["e", "c"], 0, 3600)]).await.unwrap();
+    assert_eq!(named(&out[0]), vec![(0, 4, ids[4]), (1, 2, ids[2])]);
+    // More than four hashes, the same.
+    let all = ["b2", "e", "d", "c", "b"];
+    let out = t.db.push_bundle(&[segment(p.id, &all, 0, 3600)]).await.unwrap();
+    assert_eq!(named(&out[0]), vec![(0, 5, ids[5]), (1, 4, ids[4]), (2, 3, ids[3]), (3, 2, ids[2]), (4, 1, ids[1])]);
+    let fresh = segment(p.id, &["e", "d", "b2", "x", "y"], 2, 3600);
+    let ids_xy = [fresh.message_ids[3], fresh.message_ids[4]];
+    let out = t.db.push_bundle(&[fresh]).await.unwrap();
+    assert_eq!(named(&out[0]), vec![(0, 4, ids[4]), (1, 3, ids[3]), (2, 5, ids[5])]);
+    assert_eq!(stored_at(&out[0]), Some(6));
+    // Its messages removed by retention, the originals' ids are unknown.
+    let c = t.client().await;
+    c.execute("DELETE FROM stile.segments WHERE partition_id = $1 AND base_offset = 3", &[&p.id]).await.unwrap();
+    let out = t.db.push_bundle(&[segment(p.id, &["e", "d"], 2, 3600)]).await.unwrap();
+    assert_eq!(named(&out[0]), vec![(0, 4, uuid::Uuid::nil()), (1, 3, uuid::Uuid::nil())]);
+    // A first row outside the window does not count: the next one is first.
+    set_window(&t, "q", 60).await;
+    c.execute(
+        "UPDATE stile.txns SET created_at = created_at - interval '2 minutes' WHERE partition_id = $1 AND base_offset = 0",
+        &[&p.id],
+    )
+    .await
+    .unwrap();
+    let out = t.db.push_bundle(&[segment(p.id, &["c", "b"], 0, 60)]).await.unwrap();
+    assert_eq!((out[0].probe, out[0].duplicates.len(), stored_at(&out[0])), (ProbeMode::Narrowed, 0, Some(8)));
+    let out = t.db.push_bundle(&[segment(p.id, &["e", "d"], 0, 60)]).await.unwrap();
+    assert_eq!(named(&out[0]), vec![(0, 4, uuid::Uuid::nil()), (1, 3, uuid::Uuid::nil())]);
+    let out = t.db.push_bundle(&[segment(p.id, &["x", "y"], 5, 60)]).await.unwrap();
+    assert_eq!(named(&out[0]), vec![(0, 6, ids_xy[0]), (1, 7, ids_xy[1])]);
+}
+
+#[tokio::test]
 async fn min_picks_the_first_occurrence() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();

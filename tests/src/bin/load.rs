@@ -48,6 +48,7 @@ use hyper::Method;
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::json;
+use stile_tests::cpu::{cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
 use stile_tests::pg::TestDb;
 
@@ -407,6 +408,14 @@ struct Figures {
     hydrations: f64,
     /// Mean time of one bundle's push function call.
     sql_ms_per_bundle: f64,
+    /// CPU milliseconds per 1,000 messages answered, of the gateway, of
+    /// PostgreSQL (every server process) and of this generator.
+    cpu_ms_per_k: [f64; 3],
+}
+
+/// CPU seconds used so far by the gateway, PostgreSQL and this process.
+fn cpu_now(gateway: i32, postgres: &[i32]) -> [f64; 3] {
+    [cpu_seconds(&[gateway]), cpu_seconds(postgres), cpu_seconds(&[std::process::id() as i32])]
 }
 
 /// Series read from /metrics before and after a measured run: the segments
@@ -459,11 +468,15 @@ async fn measure(gw: &Gateway, args: &Args, config: Config, label: &str, size: u
         )));
     }
     tokio::time::sleep_until(measure_from.into()).await;
+    // After the warm-up: the gateway's pool has opened its connections.
+    let postgres = postgres_pids();
     let before = series(&mut observer).await;
+    let cpu_before = cpu_now(gw.pid(), &postgres);
     let mut tally = Tally::default();
     for task in tasks {
         tally.merge(task.await.expect("a connection task"));
     }
+    let cpu_after = cpu_now(gw.pid(), &postgres);
     let after = series(&mut observer).await;
     let delta: [f64; 8] = std::array::from_fn(|i| after[i] - before[i]);
     tally.latencies_us.sort_unstable();
@@ -482,6 +495,7 @@ async fn measure(gw: &Gateway, args: &Args, config: Config, label: &str, size: u
         probes: [delta[0], delta[1], delta[2], delta[3]],
         hydrations: delta[4] + delta[5],
         sql_ms_per_bundle: 1000.0 * delta[6] / delta[7].max(1.0),
+        cpu_ms_per_k: std::array::from_fn(|i| 1e6 * (cpu_after[i] - cpu_before[i]) / tally.items.max(1) as f64),
     }
 }
 
@@ -530,7 +544,7 @@ async fn run(args: Args) {
         for &size in &args.sizes {
             let figures = measure(&gw, &args, config, &format!("k{k}"), size).await;
             eprintln!(
-                "  {:<26} batch {size:>3}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle)",
+                "  {:<26} batch {size:>3}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle; CPU ms per 1,000 messages: gateway {:.0}, PostgreSQL {:.0}, generator {:.0})",
                 config.name(),
                 figures.rate,
                 figures.p50_ms,
@@ -544,7 +558,10 @@ async fn run(args: Args) {
                 figures.errors,
                 figures.probes,
                 figures.hydrations,
-                figures.sql_ms_per_bundle
+                figures.sql_ms_per_bundle,
+                figures.cpu_ms_per_k[0],
+                figures.cpu_ms_per_k[1],
+                figures.cpu_ms_per_k[2]
             );
             results.push((config, size, figures));
         }
@@ -573,13 +590,14 @@ async fn run(args: Args) {
     println!();
     println!(
         "| configuration | batch | messages/s | p50 ms | p99 ms | requests | wrong answers | errors \
-         | segments skipped / narrowed / full / off | hydrations | SQL ms per bundle |"
+         | segments skipped / narrowed / full / off | hydrations | SQL ms per bundle \
+         | CPU ms per 1,000 messages: gateway / PostgreSQL / generator |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|");
     for (config, size, f) in &results {
         let [s, n, full, off] = f.probes;
         println!(
-            "| {} | {size} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} |",
+            "| {} | {size} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.0} / {:.0} / {:.0} |",
             config.name(),
             f.rate,
             f.p50_ms,
@@ -588,7 +606,10 @@ async fn run(args: Args) {
             f.wrong,
             f.errors,
             f.hydrations,
-            f.sql_ms_per_bundle
+            f.sql_ms_per_bundle,
+            f.cpu_ms_per_k[0],
+            f.cpu_ms_per_k[1],
+            f.cpu_ms_per_k[2]
         );
     }
     // Each configuration's median rate over the rounds.

@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use stile::db::{ConfigureMode, Db, ProbeMode, SegmentOutcome, SegmentPush};
+use stile_tests::cpu::cpu_seconds;
 use stile_tests::pg::{TestDb, connect};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -344,22 +345,6 @@ async fn backend_pids(c: &tokio_postgres::Client, application_name: &str) -> Vec
         .collect()
 }
 
-/// CPU seconds (user + system) the processes have used so far, from
-/// /proc/<pid>/stat (in USER_HZ = 100 ticks per second).
-fn backend_cpu(pids: &[i32]) -> f64 {
-    pids.iter()
-        .map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // Fields after the parenthesised command name; utime and stime are
-            // fields 14 and 15 of the whole line.
-            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-            (ticks(11) + ticks(12)) as f64 / 100.0
-        })
-        .sum()
-}
-
 /// A random message id without a system call (`Uuid::now_v7` asks the
 /// kernel for randomness on every call, which would bill the client's cost
 /// to the comparison).
@@ -431,7 +416,7 @@ async fn main() {
                 for mode in order {
                     salt += 1;
                     let pids = if mode == Mode::Plain { &plain_pids } else { &push_pids };
-                    let cpu_before = backend_cpu(pids);
+                    let cpu_before = cpu_seconds(pids);
                     let r = match mode {
                         Mode::Plain => run_plain(&plain_clients, &level, size, args.secs, salt).await,
                         Mode::Window0 => {
@@ -442,7 +427,7 @@ async fn main() {
                         }
                         _ => run_stile(&db, &level, mode, size, args.secs, salt).await,
                     };
-                    let cpu = backend_cpu(pids) - cpu_before;
+                    let cpu = cpu_seconds(pids) - cpu_before;
                     if mode != Mode::Plain {
                         reset_level(&t, &level).await;
                     }
