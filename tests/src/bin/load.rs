@@ -408,6 +408,8 @@ struct Figures {
     hydrations: f64,
     /// Mean time of one bundle's push function call.
     sql_ms_per_bundle: f64,
+    /// Segments per bundle: how many partitions one transaction served.
+    segments_per_bundle: f64,
     /// CPU milliseconds per 1,000 messages answered, of the gateway, of
     /// PostgreSQL (every server process) and of this generator.
     cpu_ms_per_k: [f64; 3],
@@ -495,6 +497,7 @@ async fn measure(gw: &Gateway, args: &Args, config: Config, label: &str, size: u
         probes: [delta[0], delta[1], delta[2], delta[3]],
         hydrations: delta[4] + delta[5],
         sql_ms_per_bundle: 1000.0 * delta[6] / delta[7].max(1.0),
+        segments_per_bundle: delta[..4].iter().sum::<f64>() / delta[7].max(1.0),
         cpu_ms_per_k: std::array::from_fn(|i| 1e6 * (cpu_after[i] - cpu_before[i]) / tally.items.max(1) as f64),
     }
 }
@@ -544,7 +547,7 @@ async fn run(args: Args) {
         for &size in &args.sizes {
             let figures = measure(&gw, &args, config, &format!("k{k}"), size).await;
             eprintln!(
-                "  {:<26} batch {size:>3}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle; CPU ms per 1,000 messages: gateway {:.0}, PostgreSQL {:.0}, generator {:.0})",
+                "  {:<26} batch {size:>3}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.0}, PostgreSQL {:.0}, generator {:.0})",
                 config.name(),
                 figures.rate,
                 figures.p50_ms,
@@ -559,6 +562,7 @@ async fn run(args: Args) {
                 figures.probes,
                 figures.hydrations,
                 figures.sql_ms_per_bundle,
+                figures.segments_per_bundle,
                 figures.cpu_ms_per_k[0],
                 figures.cpu_ms_per_k[1],
                 figures.cpu_ms_per_k[2]
@@ -590,14 +594,14 @@ async fn run(args: Args) {
     println!();
     println!(
         "| configuration | batch | messages/s | p50 ms | p99 ms | requests | wrong answers | errors \
-         | segments skipped / narrowed / full / off | hydrations | SQL ms per bundle \
+         | segments skipped / narrowed / full / off | hydrations | SQL ms per bundle | segments per bundle \
          | CPU ms per 1,000 messages: gateway / PostgreSQL / generator |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
     for (config, size, f) in &results {
         let [s, n, full, off] = f.probes;
         println!(
-            "| {} | {size} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.0} / {:.0} / {:.0} |",
+            "| {} | {size} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.2} | {:.0} / {:.0} / {:.0} |",
             config.name(),
             f.rate,
             f.p50_ms,
@@ -607,6 +611,7 @@ async fn run(args: Args) {
             f.errors,
             f.hydrations,
             f.sql_ms_per_bundle,
+            f.segments_per_bundle,
             f.cpu_ms_per_k[0],
             f.cpu_ms_per_k[1],
             f.cpu_ms_per_k[2]
