@@ -407,7 +407,7 @@ mod tests {
         assert_eq!(entry.generation_count(), 2);
         // Not yet: the first generation's newest hash is exactly at the edge.
         assert_eq!(entry.expire(1_000 + 60_000 + 5_000, 5_000), 0);
-        assert_eq!(plan(&mut entry, &[17]), (NO_VOUCH, vec![0]), "its run begins at offset 0");
+        assert_eq!(plan(&mut entry, &[17]), (15, vec![0]), "committed at 17, its arrival step begins at 16");
         assert_eq!(entry.expire(1_001 + 60_000 + 5_000, 5_000), 1);
         assert_eq!((entry.hydrated_from(), entry.held()), (4_095, 1));
         assert_eq!(plan(&mut entry, &[17]), (4_096, vec![]));

@@ -204,7 +204,7 @@ impl Ring {
                 hit(Hit { index: maybe.index, floor: hot_floor });
             }
         }
-        search::resolve(&mut searches, guesses, &mut hit);
+        search::resolve(&mut searches, guesses, |run_hit, at| hit(Hit { index: run_hit.index, floor: run_hit.floor(at) }));
         hits.clear();
         for (word_index, &word) in hit_words.iter().enumerate() {
             let mut word = word;
@@ -333,6 +333,23 @@ mod tests {
             let generation = ring.generations.iter().find(|g| g.min_offset() <= committed && committed <= g.max_offset());
             let generation = generation.expect("some generation holds it");
             assert!(generation.min_offset() <= found.floor && found.floor <= committed, "{committed}: {found:?}");
+            // Sealed or hot, within one arrival step: 16 offsets per block of
+            // a run (a 32,768-hash generation is one run of 8 blocks).
+            assert!(committed - found.floor < 16 * 8, "{committed}: {found:?}");
+        }
+        // With holes in the offsets (a hydration's rows), the floors only
+        // lie further below.
+        let mut gappy = Ring::default();
+        let mut offsets = Vec::with_capacity(held.len());
+        let mut offset = 0;
+        for segment in held.chunks(777) {
+            gappy.append(offset, 0, segment);
+            offsets.extend((0..segment.len() as Offset).map(|i| offset + i));
+            offset += segment.len() as Offset + 5;
+        }
+        for position in (0..held.len()).step_by(89) {
+            let found = gappy.find(&[held[position]], &mut scratch, &mut hits);
+            assert!(hits == [0] && found.floor <= offsets[position], "{}: {found:?}", offsets[position]);
         }
         // The newest hashes sit in a hot chunk: the floor is at most one
         // chunk below them, so a retry of something recent is probed over a
@@ -356,9 +373,9 @@ mod tests {
         let mut hits = Vec::new();
         let found = ring.find(&[repeated], &mut Scratch::default(), &mut hits);
         assert_eq!(hits, [0]);
-        // The older occurrence sets the floor: the first offset of the sealed
-        // run that holds it, the third generation's.
-        assert_eq!(found.floor, 8_192);
+        // The older occurrence sets the floor: its arrival step in the sealed
+        // run that holds it (the third generation's, from 8,192), 16 long.
+        assert_eq!(found.floor, 8_192 + (308 & !15));
     }
 
     #[test]

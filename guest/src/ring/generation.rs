@@ -16,16 +16,16 @@
 //! Hashes arrive in offset order, so every run and the hot buffer hold the
 //! hashes of an offset range, and the generation keeps where each begins.
 //! A lookup that finds a hash also answers a floor below which that
-//! occurrence cannot lie (see [`super::Hit`]): the first offset of the run
-//! holding it, or in the hot buffer, where commits are contiguous, the very
-//! offset it was committed at: each sorted chunk keeps the arrival position
-//! of every hash (one byte each). A retry of something recent, the usual
-//! local hit, is thus probed from its original's own offset.
+//! occurrence cannot lie (see [`super::Hit`]): in the hot buffer, where
+//! commits are contiguous, the very offset it was committed at (each sorted
+//! chunk keeps the arrival position of every hash, one byte each); in a
+//! sealed run, its arrival step there (see [`super::run`]: within 16
+//! offsets in a block of its own, twice that per merge). A retry, the usual
+//! local hit, is thus probed from at or just below its original's offset.
 
 use alloc::vec::Vec;
 
-use super::Hit;
-use super::run::{BLOCK, Run};
+use super::run::{BLOCK, Run, RunHit};
 use super::search::Search;
 use super::sort;
 use crate::api::{Millis, NO_VOUCH, Offset};
@@ -127,8 +127,8 @@ impl Generation {
     /// and for the many partitions that hold a few hashes its spare room is
     /// most of what they allocate (`guest/tests/footprint.rs`).
     pub fn bytes(&self) -> usize {
-        let sealed = self.len - self.hot.len();
-        GENERATION_OVERHEAD + self.bloom.bytes() + (sealed + self.hot.capacity()) * HASH_LEN + self.hot_arrival.capacity()
+        let sealed: usize = self.runs.iter().map(Run::bytes).sum();
+        GENERATION_OVERHEAD + self.bloom.bytes() + sealed + self.hot.capacity() * HASH_LEN + self.hot_arrival.capacity()
     }
 
     /// Appends hashes committed at the contiguous offsets `first_offset..`.
@@ -176,12 +176,12 @@ impl Generation {
     }
 
     /// The exact check, deferred: the floor of the hash in the hot buffer,
-    /// if it holds it; and the searches of every sealed run
-    /// that could hold it (older than any chunk, so they may lower the
-    /// floor), each tagged with its run's floor, added to `searches` for the
-    /// caller to resolve with others.
-    pub fn check<'a>(&'a self, hash: Hash, index: u32, searches: &mut Vec<Search<'a, Hit>>) -> Option<Offset> {
-        searches.extend(self.runs.iter().filter_map(|run| run.search(hash, Hit { index, floor: run.min_offset() })));
+    /// if it holds it; and the searches of every sealed run that could hold
+    /// it (older than any chunk, so they may lower the floor), added to
+    /// `searches` for the caller to resolve with others; a search that finds
+    /// it answers its floor in that run ([`RunHit::floor`]).
+    pub fn check<'a>(&'a self, hash: Hash, index: u32, searches: &mut Vec<Search<'a, RunHit<'a>>>) -> Option<Offset> {
+        searches.extend(self.runs.iter().filter_map(|run| run.search(hash, index)));
         self.hot_floor(hash)
     }
 
@@ -228,8 +228,13 @@ impl Generation {
         let mut block = core::mem::take(&mut self.hot);
         assert_eq!(block.len(), BLOCK);
         debug_assert_eq!(block.capacity(), BLOCK, "the seal must not reallocate");
-        sort::sort(&mut block);
-        self.runs.push(Run::single(block.into_boxed_slice(), self.hot_from));
+        debug_assert_eq!(self.hot_arrival.len(), BLOCK, "every chunk is sorted");
+        // Each hash's arrival index in the block: its chunk's first, plus its
+        // position in the chunk, kept through the chunk's sort.
+        let mut arrivals: Vec<u16> =
+            self.hot_arrival.iter().enumerate().map(|(i, &in_chunk)| (i / CHUNK * CHUNK) as u16 + u16::from(in_chunk)).collect();
+        sort::sort_with_payload(&mut block, &mut arrivals);
+        self.runs.push(Run::single(block.into_boxed_slice(), &arrivals, self.hot_from));
         self.hot_from = NO_VOUCH;
         // Kept for the next block: it would grow back to the same size.
         self.hot_arrival.clear();
@@ -335,19 +340,19 @@ mod tests {
         let mut searches = Vec::new();
         let hot = generation.check(hash, 0, &mut searches);
         let mut floor = hot.unwrap_or(Offset::MAX);
-        super::super::search::resolve(&mut searches, &mut Vec::new(), |hit: Hit| floor = floor.min(hit.floor));
+        super::super::search::resolve(&mut searches, &mut Vec::new(), |hit: RunHit, at| floor = floor.min(hit.floor(at)));
         floor
     }
 
     #[test]
-    fn a_found_hash_floors_at_its_chunk_its_offset_or_its_run() {
+    fn a_found_hash_floors_at_its_offset_or_its_arrival_step() {
         let mut generation = Generation::new(TIERS[1]);
         let all = hashes(12, BLOCK + CHUNK * 2 + 10);
         generation.append(50, 0, &all[..BLOCK + 3]);
         generation.append(50 + BLOCK as Offset + 3, 0, &all[BLOCK + 3..]);
-        // Sealed: the run's first offset.
-        assert_eq!(floor_of(&generation, all[17]), 50);
-        assert_eq!(floor_of(&generation, all[BLOCK - 1]), 50);
+        // Sealed: the hash's arrival step in the run, 16 offsets long.
+        assert_eq!(floor_of(&generation, all[17]), 50 + 16);
+        assert_eq!(floor_of(&generation, all[BLOCK - 1]), 50 + BLOCK as Offset - 16);
         // A sorted hot chunk: the hash's own offset, kept through the sort.
         for in_chunk in [BLOCK, BLOCK + 7, BLOCK + CHUNK + 200, BLOCK + 2 * CHUNK - 1] {
             assert_eq!(floor_of(&generation, all[in_chunk]), 50 + in_chunk as Offset);

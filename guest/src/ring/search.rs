@@ -148,20 +148,20 @@ impl<'a, Tag: Copy> Search<'a, Tag> {
         }
     }
 
-    /// Whether the block holds the hash, searching what is left.
-    fn found(&self) -> bool {
-        let rest = &self.keys[self.low..self.high];
-        rest.get(rest.partition_point(|&key| key < self.hash)).or_else(|| self.keys.get(self.high)) == Some(&self.hash)
+    /// Where the block holds the hash, if it does, searching what is left.
+    fn found(&self) -> Option<usize> {
+        let at = self.low + self.keys[self.low..self.high].partition_point(|&key| key < self.hash);
+        (self.keys.get(at) == Some(&self.hash)).then_some(at)
     }
 }
 
 /// Runs every search to its end, in lockstep, and calls `found` with the tag
-/// of each that finds its hash.
+/// of each that finds its hash and the position in its keys it found it at.
 ///
 /// Each round first works out every search's next key and fetches it, then
 /// narrows every search by its key; so one round costs about one cache miss,
 /// not one per search. `guesses` is scratch space.
-pub fn resolve<Tag: Copy>(searches: &mut [Search<'_, Tag>], guesses: &mut Vec<Option<usize>>, mut found: impl FnMut(Tag)) {
+pub fn resolve<Tag: Copy>(searches: &mut [Search<'_, Tag>], guesses: &mut Vec<Option<usize>>, mut found: impl FnMut(Tag, usize)) {
     for _ in 0..INTERPOLATIONS {
         guesses.clear();
         guesses.extend(searches.iter().map(Search::guess));
@@ -181,8 +181,8 @@ pub fn resolve<Tag: Copy>(searches: &mut [Search<'_, Tag>], guesses: &mut Vec<Op
     }
     searches.iter().for_each(Search::fetch_rest);
     for search in searches.iter() {
-        if search.found() {
-            found(search.tag);
+        if let Some(at) = search.found() {
+            found(search.tag, at);
         }
     }
 }
@@ -241,7 +241,10 @@ mod tests {
         let mut searches: Vec<Search<'_, usize>> =
             probes.iter().enumerate().map(|(tag, &hash)| Search::new(keys, low_key, high_key, hash, tag)).collect();
         let mut found = Vec::new();
-        resolve(&mut searches, &mut Vec::new(), |tag| found.push(tag));
+        resolve(&mut searches, &mut Vec::new(), |tag, at| {
+            assert_eq!(keys[at], probes[tag], "the position found holds the hash");
+            found.push(tag);
+        });
         let expected: Vec<usize> = (0..probes.len()).filter(|&i| keys.binary_search(&probes[i]).is_ok()).collect();
         assert_eq!(found, expected);
     }

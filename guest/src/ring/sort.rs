@@ -1,5 +1,5 @@
-//! Sorting hashes: one pass that distributes them by their top bits, then a
-//! small sort of each bucket.
+//! Sorting hashes, with their arrival positions: one pass that distributes
+//! them by their top bits, then a small sort of each bucket.
 //!
 //! The hashes are uniform, so distributing `n` of them over about `n / 2`
 //! buckets by their leading bits leaves about two per bucket, and the
@@ -15,9 +15,6 @@ use alloc::vec::Vec;
 
 use crate::hash::Hash;
 
-/// Below this many hashes a plain sort is as fast.
-const SMALL: usize = 64;
-
 /// The widest distribution: 2,048 buckets, an 8 KiB count table.
 const MAX_BUCKET_BITS: u32 = 11;
 
@@ -26,38 +23,12 @@ const MAX_BUCKET_BITS: u32 = 11;
 /// insertion sort of eight random keys per bucket, mispredicted throughout.
 const PER_BUCKET: usize = 2;
 
-/// Sorts `keys` ascending.
-pub fn sort(keys: &mut [Hash]) {
-    let n = keys.len();
-    assert!(u32::try_from(n).is_ok());
-    if n < SMALL {
-        keys.sort_unstable();
-        return;
-    }
-    let mut sorted: Vec<Hash> = vec![0; n];
-    distribute(
-        keys.iter().copied(),
-        |&key| key,
-        &mut sorted,
-        |bucket| match bucket {
-            [] | [_] => {}
-            [a, b] => {
-                if *a > *b {
-                    core::mem::swap(a, b);
-                }
-            }
-            bucket => bucket.sort_unstable(),
-        },
-    );
-    keys.copy_from_slice(&sorted);
-}
-
 /// Sorts `keys` ascending and records where each came from: afterwards
 /// `arrival[j]` is the position `keys[j]` held before the sort, and equal
 /// keys keep their order (a stable sort). For the hot buffer's chunks, at
 /// most 256 keys.
 ///
-/// The distribution pass of [`sort`], carrying the positions along; the
+/// The distribution pass, carrying the positions along; the
 /// buckets, about two keys each on uniform keys, are finished by insertion.
 /// Keys a host makes up may crowd one bucket, which then costs up to the
 /// square of the chunk: bounded, as the chunk is.
@@ -73,7 +44,29 @@ pub fn sort_with_arrival(keys: &mut [Hash], arrival: &mut [u8]) {
     }
 }
 
-/// The pass both sorts share: scatters `items` into `out` (as long as they
+/// Sorts `keys` ascending and moves each `payload[i]` along with `keys[i]`;
+/// equal keys may end up in any order. For a sealed block, with each hash's
+/// arrival index as its payload.
+///
+/// The distribution pass over positions instead of keys, then one
+/// gather of each: besides a position per key, it allocates one copy of the
+/// keys (one block, for a block) and one of the payloads.
+pub fn sort_with_payload<T: Copy>(keys: &mut [Hash], payload: &mut [T]) {
+    let n = keys.len();
+    assert!(n <= 1 << 16 && payload.len() == n);
+    let mut order: Vec<u16> = vec![0; n];
+    {
+        let keys = &*keys;
+        let key = |&i: &u16| keys[usize::from(i)];
+        distribute((0..n).map(|i| i as u16), key, &mut order, |bucket| bucket.sort_unstable_by_key(key));
+    }
+    let sorted: Vec<Hash> = order.iter().map(|&i| keys[usize::from(i)]).collect();
+    let moved: Vec<T> = order.iter().map(|&i| payload[usize::from(i)]).collect();
+    keys.copy_from_slice(&sorted);
+    payload.copy_from_slice(&moved);
+}
+
+/// The pass the sorts share: scatters `items` into `out` (as long as they
 /// are) by the leading bits of their keys, about [`PER_BUCKET`] to a bucket,
 /// keeping their order within a bucket, and hands each bucket to `finish`.
 fn distribute<T: Copy>(
@@ -130,7 +123,8 @@ mod tests {
         let mut expected = keys.clone();
         expected.sort_unstable();
         let mut keys = keys;
-        sort(&mut keys);
+        let mut payload = vec![(); keys.len()];
+        sort_with_payload(&mut keys, &mut payload);
         assert_eq!(keys, expected);
     }
 
@@ -162,6 +156,31 @@ mod tests {
         mixed.extend(core::iter::repeat_n(mixed[3], 30));
         mixed.extend((0..26u128).map(|i| i << 120));
         sorts_with_arrival_like_a_stable_sort(mixed);
+    }
+
+    fn sorts_with_payload_like_the_standard_sort(keys: Vec<Hash>) {
+        let mut expected: Vec<(Hash, u16)> = keys.iter().enumerate().map(|(i, &key)| (key, i as u16)).collect();
+        expected.sort();
+        let mut sorted = keys.clone();
+        let mut payload: Vec<u16> = (0..keys.len() as u16).collect();
+        sort_with_payload(&mut sorted, &mut payload);
+        let mut got: Vec<(Hash, u16)> = sorted.into_iter().zip(payload).collect();
+        assert!(got.is_sorted_by_key(|&(key, _)| key));
+        // Equal keys in any order, each with its own payload.
+        got.sort();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn sorts_blocks_with_their_payloads() {
+        for n in [0, 1, 2, 63, 64, 1_000, 4_096] {
+            sorts_with_payload_like_the_standard_sort(uniform(n as u64 + 70, n));
+        }
+        sorts_with_payload_like_the_standard_sort((0..4_096u128).rev().collect());
+        let mut mixed = uniform(6, 3_000);
+        mixed.extend(core::iter::repeat_n(mixed[9], 96));
+        mixed.extend((0..1_000u128).map(|i| i << 100));
+        sorts_with_payload_like_the_standard_sort(mixed);
     }
 
     #[test]
