@@ -78,10 +78,11 @@ $$;
 -- txns row (txns even with the window at 0), and base_offset and created_ms
 -- say where and when. A segment of duplicates only returns no base_offset.
 --
--- A narrowed probe reads the span's first row inside the window alone when
--- that row holds every hash of the segment (a retry floored at its original
--- by the cache): every other row of the span lies above it, so each hash's
--- first occurrence is there. Otherwise it reads every row of the span.
+-- A narrowed probe reads one row alone when that row holds every hash of the
+-- segment (a retry floored at or just below its original by the cache): the
+-- span's first row inside the window, or for up to 4 hashes the first whose
+-- bytes hold any of them. No row of the span below it holds one, so each
+-- hash's first occurrence is there. Otherwise it reads every row of the span.
 --
 -- Exactness rules beyond the plain probe:
 --   * a window larger than the one the cache planned under voids p_verified
@@ -278,13 +279,16 @@ BEGIN
                     IF v_count >= 3 THEN v_h3 := substring(v_hashes FROM 33 FOR 16); END IF;
                     IF v_count >= 4 THEN v_h4 := substring(v_hashes FROM 49 FOR 16); END IF;
                 END IF;
-                -- A narrowed probe tries the span's first row alone, first.
-                -- The cache floors a local hit at its original's own offset,
-                -- so for a retry that row usually holds every hash of the
-                -- segment. When it does, it holds each one's first occurrence
-                -- in the span (every other row of the span inside the window
-                -- lies above it), and no other row needs reading.
+                -- A narrowed probe tries one row alone, first: the span's first
+                -- row inside the window, or with up to 4 hashes the first
+                -- whose bytes hold any of them (no row below it holds one).
+                -- The cache floors a local hit at or just below its
+                -- original, so for a retry that row usually holds every hash
+                -- of the segment. When it does, it holds each one's first
+                -- occurrence in the span, and no other row needs reading.
                 IF v_probe = 'narrowed' THEN
+                    -- (No fence around the scan: the limit must stop it
+                    -- at the first row, in the index's order.)
                     SELECT r.base_offset, r.hashes || '\x'::bytea
                       INTO v_first_base, v_first_hashes
                       FROM stile.txns r
@@ -292,6 +296,11 @@ BEGIN
                        AND r.end_offset > v_from
                        AND r.end_offset <= v_last[k]
                        AND r.created_at >= v_now - make_interval(secs => v_window)
+                       AND (v_count > 4
+                            OR position(v_h1 IN r.hashes) > 0
+                            OR position(v_h2 IN r.hashes) > 0
+                            OR position(v_h3 IN r.hashes) > 0
+                            OR position(v_h4 IN r.hashes) > 0)
                      ORDER BY r.end_offset
                      LIMIT 1;
                     IF FOUND AND (v_count > 4 OR (position(v_h1 IN v_first_hashes) > 0

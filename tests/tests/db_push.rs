@@ -163,6 +163,12 @@ async fn a_narrowed_retry_is_answered_from_the_first_row_of_its_span_when_it_hol
     // s0 holds "c" but not "e": every row of the span is read.
     let out = t.db.push_bundle(&[segment(p.id, &["e", "c"], 0, 3600)]).await.unwrap();
     assert_eq!(named(&out[0]), vec![(0, 4, ids[4]), (1, 2, ids[2])]);
+    // A floor a few offsets below the original: with up to four hashes the
+    // first row holding any of them is tried, here s1.
+    let out = t.db.push_bundle(&[segment(p.id, &["e", "d"], 0, 3600)]).await.unwrap();
+    assert_eq!(named(&out[0]), vec![(0, 4, ids[4]), (1, 3, ids[3])]);
+    let out = t.db.push_bundle(&[segment(p.id, &["b2"], 0, 3600)]).await.unwrap();
+    assert_eq!(named(&out[0]), vec![(0, 5, ids[5])]);
     // More than four hashes, the same.
     let all = ["b2", "e", "d", "c", "b"];
     let out = t.db.push_bundle(&[segment(p.id, &all, 0, 3600)]).await.unwrap();
