@@ -4,18 +4,21 @@
 //! block (both by interpolation, see [`search`]).
 //!
 //! Runs only grow by merging two runs of equal block count (the binary
-//! counter of the generation that owns them).
-//!
-//! Every hash also keeps, in one byte, when it arrived in the run: its
-//! arrival index (0 for the run's oldest hash) in steps of 16 hashes in a
-//! block of its own, twice as long after each merge. The run's hashes were
-//! committed at increasing offsets from its first, so the step gives a floor
-//! at or below the hash's own offset, even where the offsets have holes:
-//! a hit there is probed from close to its original, not from the run's
-//! first offset. The merge streams block by
+//! counter of the generation that owns them). The merge streams block by
 //! block: it allocates one output block at a time and frees each input block
 //! as soon as it is consumed, so no allocation ever exceeds one block and the
 //! transient overhead is about one block per input.
+//!
+//! In runs of up to [`STEPS_UP_TO_BLOCKS`] blocks every hash also keeps, in
+//! one byte, when it arrived in the run: its arrival index (0 for the run's
+//! oldest hash) in steps of 16 hashes in a block of its own, twice as long
+//! after each merge. The run's hashes were committed at increasing offsets
+//! from its first, so the step gives a floor at or below the hash's own
+//! offset, even where the offsets have holes: a hit there, the retry of
+//! something of the last few seconds, is probed from close to its original.
+//! Larger runs hold older hashes and drop the steps (each further merge
+//! would carry them again at a cost per hash); a hit there floors at the
+//! run's first offset.
 
 use alloc::boxed::Box;
 use alloc::vec;
@@ -31,6 +34,9 @@ pub const BLOCK: usize = 4_096;
 
 /// The arrival step of a run of one block: 4,096 arrivals in 256 steps.
 const ONE_BLOCK_STEP_SHIFT: u32 = 4;
+
+/// The largest runs that keep arrival steps: 32,768 hashes, in steps of 128.
+pub const STEPS_UP_TO_BLOCKS: usize = 8;
 
 const _: () = assert!(BLOCK >> ONE_BLOCK_STEP_SHIFT == 256);
 
@@ -55,7 +61,8 @@ impl RunHit<'_> {
 pub struct Run {
     blocks: Vec<Box<[Hash]>>,
     /// `steps[i][j]` is when `blocks[i][j]` arrived: its arrival index in the
-    /// run shifted right by [`Run::step_shift`].
+    /// run shifted right by [`Run::step_shift`]. Empty in a run of more than
+    /// [`STEPS_UP_TO_BLOCKS`] blocks.
     steps: Vec<Box<[u8]>>,
     /// `fences[i]` is the first hash of `blocks[i]`.
     fences: Vec<Hash>,
@@ -91,7 +98,7 @@ impl Run {
 
     /// The bytes the run allocates for its hashes and their arrival steps.
     pub fn bytes(&self) -> usize {
-        self.len() * (size_of::<Hash>() + 1)
+        self.len() * size_of::<Hash>() + self.steps.len() * BLOCK
     }
 
     #[cfg(test)]
@@ -120,7 +127,7 @@ impl Run {
         // they start the block: the block before may end with more, and then
         // only the run's first offset is certain.
         let first = keys[..position].iter().rposition(|&key| key != hash).map_or(0, |before| before + 1);
-        if first == 0 && block > 0 {
+        if self.steps.is_empty() || (first == 0 && block > 0) {
             return self.min_offset;
         }
         let end = keys[position..].iter().position(|&key| key != hash).map_or(keys.len(), |after| position + after);
@@ -154,39 +161,49 @@ impl Run {
     }
 
     /// Merges two runs of equal block count into one, streaming block by
-    /// block. The merged run's arrival steps are twice as long: the older
-    /// run's halve, and the newer run's, which arrived after all of the
-    /// older's, follow them from step 128.
+    /// block. The merged run's arrival steps, if it keeps them, are twice as
+    /// long: the older run's halve, and the newer run's, which arrived after
+    /// all of the older's, follow them from step 128.
     pub fn merge(older: Run, newer: Run) -> Run {
+        let block_count = older.blocks.len() + newer.blocks.len();
+        if block_count <= STEPS_UP_TO_BLOCKS {
+            Run::merge_with::<true>(older, newer)
+        } else {
+            Run::merge_with::<false>(older, newer)
+        }
+    }
+
+    fn merge_with<const STEPS: bool>(older: Run, newer: Run) -> Run {
         debug_assert!(older.min_offset < newer.min_offset);
         assert_eq!(older.blocks.len(), newer.blocks.len());
+        assert!(!STEPS || (older.steps.len() == older.blocks.len() && newer.steps.len() == newer.blocks.len()));
         let block_count = older.blocks.len() + newer.blocks.len();
         let mut merged = Run {
             blocks: Vec::with_capacity(block_count),
-            steps: Vec::with_capacity(block_count),
+            steps: Vec::with_capacity(if STEPS { block_count } else { 0 }),
             fences: Vec::with_capacity(block_count),
             min_offset: older.min_offset,
         };
         let mut left = Cursor::new(older.blocks, older.steps, 0);
         let mut right = Cursor::new(newer.blocks, newer.steps, 128);
         let mut block = Vec::with_capacity(BLOCK);
-        let mut steps = Vec::with_capacity(BLOCK);
+        let mut steps = Vec::with_capacity(if STEPS { BLOCK } else { 0 });
         loop {
             let room = BLOCK - block.len();
             match (left.rest(), right.rest()) {
                 (Some(l), Some(r)) => {
                     let count = room.min(l.keys.len()).min(r.keys.len());
-                    let (from_left, from_right) = merge_prefix(l, r, count, &mut block, &mut steps);
+                    let (from_left, from_right) = merge_prefix::<STEPS>(l, r, count, &mut block, &mut steps);
                     left.position += from_left;
                     right.position += from_right;
                 }
-                (Some(_), None) => left.copy_into(&mut block, &mut steps, room),
-                (None, Some(_)) => right.copy_into(&mut block, &mut steps, room),
+                (Some(_), None) => left.copy_into::<STEPS>(&mut block, &mut steps, room),
+                (None, Some(_)) => right.copy_into::<STEPS>(&mut block, &mut steps, room),
                 (None, None) => break,
             }
             if block.len() == BLOCK {
                 let block = core::mem::replace(&mut block, Vec::with_capacity(BLOCK));
-                let steps = core::mem::replace(&mut steps, Vec::with_capacity(BLOCK));
+                let steps = STEPS.then(|| core::mem::replace(&mut steps, Vec::with_capacity(BLOCK)));
                 merged.push(block, steps);
             }
         }
@@ -197,13 +214,15 @@ impl Run {
         merged
     }
 
-    fn push(&mut self, block: Vec<Hash>, steps: Vec<u8>) {
+    fn push(&mut self, block: Vec<Hash>, steps: Option<Vec<u8>>) {
         debug_assert_eq!(block.len(), BLOCK);
-        debug_assert_eq!(steps.len(), BLOCK);
         debug_assert!(self.blocks.last().is_none_or(|last| last[BLOCK - 1] <= block[0]));
         self.fences.push(block[0]);
         self.blocks.push(block.into_boxed_slice());
-        self.steps.push(steps.into_boxed_slice());
+        if let Some(steps) = steps {
+            debug_assert_eq!(steps.len(), BLOCK);
+            self.steps.push(steps.into_boxed_slice());
+        }
     }
 }
 
@@ -255,39 +274,53 @@ impl Cursor {
             self.current_steps = self.steps.next().unwrap_or_default();
             self.position = 0;
         }
-        let keys = &self.current[self.position..];
-        let side = Side { keys, steps: &self.current_steps[self.position..], base: self.base };
-        (!keys.is_empty()).then_some(side)
+        let side = self.side();
+        (!side.keys.is_empty()).then_some(side)
     }
 
-    /// Appends up to `room` hashes of the current block, and their steps, to
-    /// `out` and `out_steps`.
-    fn copy_into(&mut self, out: &mut Vec<Hash>, out_steps: &mut Vec<u8>, room: usize) {
-        let side = Side { keys: &self.current[self.position..], steps: &self.current_steps[self.position..], base: self.base };
+    fn side(&self) -> Side<'_> {
+        // A run without steps, or one whose steps the merge drops, has none.
+        let steps = self.current_steps.get(self.position..).unwrap_or_default();
+        Side { keys: &self.current[self.position..], steps, base: self.base }
+    }
+
+    /// Appends up to `room` hashes of the current block to `out`, and with
+    /// `STEPS` their merged steps to `out_steps`.
+    fn copy_into<const STEPS: bool>(&mut self, out: &mut Vec<Hash>, out_steps: &mut Vec<u8>, room: usize) {
+        let side = self.side();
         let count = room.min(side.keys.len());
         out.extend_from_slice(&side.keys[..count]);
-        out_steps.extend((0..count).map(|i| side.step(i)));
+        if STEPS {
+            out_steps.extend((0..count).map(|i| side.step(i)));
+        }
         self.position += count;
     }
 }
 
 /// Appends the `count` smallest hashes of the ascending `left` and `right`,
-/// each at least `count` long, to `out` in order, and their merged arrival
-/// steps to `out_steps`, and answers how many came from each.
+/// each at least `count` long, to `out` in order, and with `STEPS` their
+/// merged arrival steps to `out_steps`, and answers how many came from each.
 ///
 /// Neither input can run out within `count` steps, so the loop has no end
 /// tests of its own, and which side to take is a data select rather than a
 /// branch: on uniform hashes that branch would be mispredicted half the
 /// time, which is what a merge of random keys spends most of its time on.
-fn merge_prefix(left: Side<'_>, right: Side<'_>, count: usize, out: &mut Vec<Hash>, out_steps: &mut Vec<u8>) -> (usize, usize) {
+fn merge_prefix<const STEPS: bool>(
+    left: Side<'_>,
+    right: Side<'_>,
+    count: usize,
+    out: &mut Vec<Hash>,
+    out_steps: &mut Vec<u8>,
+) -> (usize, usize) {
     debug_assert!(count <= left.keys.len() && count <= right.keys.len() && out.len() + count <= out.capacity());
     let (mut i, mut j) = (0, 0);
     for _ in 0..count {
         let (l, r) = (left.keys[i], right.keys[j]);
         let take_left = l <= r;
         out.push(if take_left { l } else { r });
-        let (l_step, r_step) = (left.step(i), right.step(j));
-        out_steps.push(if take_left { l_step } else { r_step });
+        if STEPS {
+            out_steps.push(if take_left { left.step(i) } else { right.step(j) });
+        }
         i += usize::from(take_left);
         j += usize::from(!take_left);
     }
@@ -381,6 +414,29 @@ mod tests {
         // Holes in the offsets only make the floor lower than the hash's own.
         let gappy = Run::merge(sealed(all[0].clone(), 0), sealed(all[1].clone(), 1_000_000));
         assert_eq!(floor_of(&gappy, all[1][0]), BLOCK as Offset);
+    }
+
+    #[test]
+    fn runs_larger_than_the_step_limit_floor_at_their_first_offset() {
+        let mut runs: Vec<Run> = Vec::new();
+        let all: Vec<Hash> = pseudo_random(50, BLOCK * 2 * STEPS_UP_TO_BLOCKS);
+        for (i, block) in all.chunks(BLOCK).enumerate() {
+            runs.push(sealed(block.to_vec(), 7 + (i * BLOCK) as Offset));
+            // The binary counter, as a generation carries it.
+            while let [.., older, newer] = runs.as_slice()
+                && older.block_count() == newer.block_count()
+            {
+                let newer = runs.pop().expect("two");
+                let older = runs.pop().expect("two");
+                runs.push(Run::merge(older, newer));
+            }
+            let last = runs.last().expect("one");
+            assert_eq!(last.steps.is_empty(), last.block_count() > STEPS_UP_TO_BLOCKS);
+        }
+        let [run] = runs.try_into().expect("one run");
+        assert_eq!(run.block_count(), 2 * STEPS_UP_TO_BLOCKS);
+        assert_eq!(run.bytes(), run.len() * size_of::<Hash>(), "no steps accounted");
+        assert!(all.iter().step_by(101).all(|&h| floor_of(&run, h) == 7));
     }
 
     #[test]
