@@ -19,9 +19,10 @@
 //! occurrence cannot lie (see [`super::Hit`]): in the hot buffer, where
 //! commits are contiguous, the very offset it was committed at (each sorted
 //! chunk keeps the arrival position of every hash, one byte each); in a
-//! sealed run, its arrival step there (see [`super::run`]: within 16
-//! offsets in a block of its own, twice that per merge). A retry, the usual
-//! local hit, is thus probed from at or just below its original's offset.
+//! sealed run of up to 8 blocks, its arrival step there (see [`super::run`]:
+//! within 16 offsets in a block of its own, twice that per merge), and in a
+//! larger, older run the run's first offset. A retry, the usual local hit,
+//! is thus probed from at or just below its original's offset.
 
 use alloc::vec::Vec;
 

@@ -120,6 +120,9 @@ impl Run {
     /// An offset at or below every offset at which the hash at `position`
     /// of block `block` was committed in this run.
     fn floor(&self, block: usize, position: usize) -> Offset {
+        if self.steps.is_empty() {
+            return self.min_offset;
+        }
         let keys = &self.blocks[block];
         let hash = keys[position];
         // Equal keys lie together. The search takes the last block that can
@@ -127,7 +130,7 @@ impl Run {
         // they start the block: the block before may end with more, and then
         // only the run's first offset is certain.
         let first = keys[..position].iter().rposition(|&key| key != hash).map_or(0, |before| before + 1);
-        if self.steps.is_empty() || (first == 0 && block > 0) {
+        if first == 0 && block > 0 {
             return self.min_offset;
         }
         let end = keys[position..].iter().position(|&key| key != hash).map_or(keys.len(), |after| position + after);
