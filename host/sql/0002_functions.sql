@@ -156,6 +156,9 @@ DECLARE
     v_h4 bytea;
     v_first_base bigint;   -- the span's first row, tried alone first
     v_first_hashes bytea;
+    v_at integer;          -- a hash's byte position in that row, from 0
+    v_row_mids uuid[];     -- that row's message ids
+    v_settings text;       -- what set_config answered (unused)
 BEGIN
     IF v_n = 0 THEN
         RETURN;
@@ -243,21 +246,22 @@ BEGIN
                 v_probe := 'skipped';
             ELSE
                 v_probe := CASE WHEN v_pv >= v_start[k] THEN 'narrowed' ELSE 'full' END;
-                -- Three settings, transaction-local (this call is the
-                -- transaction). No JIT: the planner prices the probe by
-                -- guesswork (it cannot know how many hashes a row holds) and
-                -- would spend 150-250 ms compiling a query that needs less.
-                -- No merge join: it would sort every unnested hash together
-                -- with its row's whole hashes value (64 KiB per 4,096-hash
-                -- row), gigabytes on disk for a large window; the hash join
-                -- builds on the segment's few hashes instead. And one plan
-                -- per connection: the default plan cache mode planned the
-                -- probe afresh on every call (no generic estimate of an
-                -- offset range looks as cheap as a narrowed one), 0.2 ms,
-                -- twice what running a retry's narrowed probe costs. The
-                -- plan does not depend on the values: the offset range is
-                -- its one index condition (the window's bound is applied
-                -- above the fence below), and the join builds on the
+                -- Five settings, transaction-local (this call is the
+                -- transaction), set by one PL/pgSQL expression (a PERFORM
+                -- would execute a statement). No JIT: the planner prices the
+                -- probe by guesswork (it cannot know how many hashes a row
+                -- holds) and would spend 150-250 ms compiling a query that
+                -- needs less. No merge join: it would sort every unnested
+                -- hash together with its row's whole hashes value (64 KiB
+                -- per 4,096-hash row), gigabytes on disk for a large window;
+                -- the hash join builds on the segment's few hashes instead.
+                -- And one plan per connection: the default plan cache mode
+                -- planned the probe afresh on every call (no generic
+                -- estimate of an offset range looks as cheap as a narrowed
+                -- one), 0.2 ms, twice what running a retry's narrowed probe
+                -- costs. The plan does not depend on the values: the offset
+                -- range is its one index condition (the window's bound is
+                -- applied above the fence below), and the join builds on the
                 -- segment's hashes. A generic plan is made from whatever the
                 -- statistics say when a connection first probes (a table
                 -- just bulk-loaded or reset can look empty, and a sequential
@@ -265,9 +269,13 @@ BEGIN
                 -- sequential scans are off for it, and the range is bounded
                 -- on both sides (the allocator above excludes nothing), which
                 -- prices it as narrow: its index is then always end_offset's.
-                PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
-                        set_config('plan_cache_mode', 'force_generic_plan', true),
-                        set_config('enable_seqscan', 'off', true);
+                -- Sorts are off too: priced as narrow, the one-row read below
+                -- was once planned as a bitmap scan of the whole span sorted
+                -- for its first row (180,000 rows read for one retry); without
+                -- a sort, the index's own order stops at the first row.
+                v_settings := set_config('jit', 'off', true) || set_config('enable_mergejoin', 'off', true)
+                              || set_config('plan_cache_mode', 'force_generic_plan', true)
+                              || set_config('enable_seqscan', 'off', true) || set_config('enable_sort', 'off', true);
                 -- Up to 4 hashes: a byte search per row costs far less than
                 -- unnesting the row. It only preselects rows; the aligned
                 -- comparison below decides. Absent ones are NULL, and a NULL
@@ -303,26 +311,47 @@ BEGIN
                             OR position(v_h4 IN r.hashes) > 0)
                      ORDER BY r.end_offset
                      LIMIT 1;
-                    IF FOUND AND (v_count > 4 OR (position(v_h1 IN v_first_hashes) > 0
-                                                  AND coalesce(position(v_h2 IN v_first_hashes) > 0, true)
-                                                  AND coalesce(position(v_h3 IN v_first_hashes) > 0, true)
-                                                  AND coalesce(position(v_h4 IN v_first_hashes) > 0, true))) THEN
-                        SELECT array_agg(ih.idx ORDER BY ih.idx),
-                               array_agg(v_first_base + th.idx ORDER BY ih.idx)
-                          INTO v_idx, v_off
-                          FROM stile.unnest_hashes(v_hashes) AS ih
-                          JOIN (SELECT f.h, min(f.idx) AS idx
-                                  FROM stile.unnest_hashes(v_first_hashes) AS f
-                                 GROUP BY f.h) AS th ON th.h = ih.h;
+                    IF FOUND THEN
+                        IF v_count <= 4 THEN
+                            -- Each hash's first occurrence in the row by a
+                            -- byte search, one PL/pgSQL expression each (no
+                            -- statement to execute); a miss or an unaligned
+                            -- match leaves the segment to the full span.
+                            v_idx := '{}';
+                            v_off := '{}';
+                            FOR j IN 0 .. v_count - 1 LOOP
+                                v_at := position(substring(v_hashes FROM 16 * j + 1 FOR 16) IN v_first_hashes) - 1;
+                                EXIT WHEN v_at < 0 OR v_at % 16 <> 0;
+                                v_idx := v_idx || j;
+                                v_off := v_off || (v_first_base + v_at / 16);
+                            END LOOP;
+                        ELSE
+                            SELECT array_agg(ih.idx ORDER BY ih.idx),
+                                   array_agg(v_first_base + th.idx ORDER BY ih.idx)
+                              INTO v_idx, v_off
+                              FROM stile.unnest_hashes(v_hashes) AS ih
+                              JOIN (SELECT f.h, min(f.idx) AS idx
+                                      FROM stile.unnest_hashes(v_first_hashes) AS f
+                                     GROUP BY f.h) AS th ON th.h = ih.h;
+                        END IF;
                         IF cardinality(v_idx) = v_count THEN
                             -- The row's messages are the segments row of the
-                            -- same base (gone only if retention removed it).
-                            SELECT array_agg(s.message_ids[(o.off - v_first_base + 1)::integer] ORDER BY o.n)
-                              INTO v_mid
+                            -- same base (gone only if retention removed it),
+                            -- read once for all of them.
+                            v_row_mids := NULL;
+                            SELECT s.message_ids INTO v_row_mids
                               FROM stile.segments s
-                             CROSS JOIN unnest(v_off) WITH ORDINALITY AS o(off, n)
                              WHERE s.partition_id = v_pid AND s.base_offset = v_first_base;
-                            v_mid := coalesce(v_mid, array_fill(NULL::uuid, ARRAY[v_count]));
+                            IF v_count <= 4 THEN
+                                v_mid := array_fill(NULL::uuid, ARRAY[v_count]);
+                                FOR j IN 1 .. v_count LOOP
+                                    v_mid[j] := v_row_mids[(v_off[j] - v_first_base + 1)::integer];
+                                END LOOP;
+                            ELSE
+                                v_mid := ARRAY(SELECT v_row_mids[(o.off - v_first_base + 1)::integer]
+                                                 FROM unnest(v_off) WITH ORDINALITY AS o(off, n)
+                                                ORDER BY o.n);
+                            END IF;
                         ELSE
                             v_idx := NULL;
                             v_off := NULL;

@@ -199,6 +199,87 @@ async fn a_narrowed_retry_is_answered_from_the_first_row_of_its_span_when_it_hol
     assert_eq!(named(&out[0]), vec![(0, 6, ids_xy[0]), (1, 7, ids_xy[1])]);
 }
 
+/// A segment whose hashes are given as bytes, for hashes that overlap others.
+fn segment_of_hashes(partition_id: i64, hashes: &[[u8; 16]], p_verified: i64) -> stile::db::SegmentPush {
+    let mut s = segment(partition_id, &vec!["h"; hashes.len()], p_verified, 3600);
+    s.transaction_ids = (0..hashes.len()).map(|i| format!("h{i}")).collect();
+    s.hashes = hashes.concat();
+    s
+}
+
+#[tokio::test]
+async fn a_hash_that_a_row_holds_only_across_two_hashes_is_not_found_there() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let a: [u8; 16] = std::array::from_fn(|i| i as u8);
+    let b: [u8; 16] = std::array::from_fn(|i| 100 + i as u8);
+    // The last 8 bytes of `a` and the first 8 of `b`: in the row [a, b] at
+    // byte 8, which is no hash of it.
+    let straddle: [u8; 16] = std::array::from_fn(|i| if i < 8 { a[8 + i] } else { b[i - 8] });
+    let original = segment_of_hashes(p.id, &[a, b], -1);
+    t.db.push_bundle(&[original]).await.unwrap();
+    let out = t.db.push_bundle(&[segment_of_hashes(p.id, &[straddle], 0)]).await.unwrap();
+    assert_eq!((out[0].probe, out[0].duplicates.len(), stored_at(&out[0])), (ProbeMode::Narrowed, 0, Some(2)));
+    // A row holding it across two hashes first and as a hash of its own
+    // after: the duplicate is found at its own place.
+    let p2 = t.db.resolve_partition("q", "p2").await.unwrap();
+    let row = segment_of_hashes(p2.id, &[a, b, straddle], -1);
+    let straddle_id = row.message_ids[2];
+    t.db.push_bundle(&[row]).await.unwrap();
+    for (retry, expected) in [(vec![straddle], vec![(0, 2)]), (vec![a, straddle], vec![(0, 0), (1, 2)])] {
+        let out = t.db.push_bundle(&[segment_of_hashes(p2.id, &retry, 0)]).await.unwrap();
+        assert_eq!(out[0].probe, ProbeMode::Narrowed);
+        assert_eq!(out[0].duplicates.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), expected);
+        assert_eq!(out[0].duplicates.last().map(|d| d.message_id), Some(straddle_id));
+        assert_eq!(stored_at(&out[0]), None);
+    }
+}
+
+/// A retry floored just below its original reads one entry of end_offset's
+/// index however many rows follow it: the probe's plan walks the index in
+/// order and stops at the first row (a plan that gathered the span and sorted
+/// it read every row after the floor).
+#[tokio::test]
+async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    for batch in [vec!["z"], vec!["a"], vec!["b", "c"], (0..10).map(|_| "x").collect()] {
+        let names: Vec<String> = batch.iter().enumerate().map(|(i, n)| format!("{n}{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        t.db.push_bundle(&[segment(p.id, &names, -1, 3600)]).await.unwrap();
+    }
+    let c = t.client().await;
+    // 20,000 rows after them, one hash each, then fresh statistics.
+    c.batch_execute(&format!(
+        "INSERT INTO stile.txns SELECT {id}, g, g, now(), decode(md5(g::text), 'hex') FROM generate_series(13, 20012) AS g; \
+         UPDATE stile.partitions SET last_offset = 20012 WHERE id = {id}; ANALYZE stile.txns;",
+        id = p.id
+    ))
+    .await
+    .unwrap();
+    for (names, floor) in [(vec!["a0"], 0), (vec!["c1", "b0"], 1), (vec!["x3", "x0", "x9", "x1", "x2"], 3)] {
+        let retry = segment(p.id, &names, floor, 3600);
+        // The counter is the backend's own, not yet reported: the difference
+        // inside one transaction is what the push read.
+        let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.txns_end_offset'::regclass)";
+        c.batch_execute("BEGIN").await.unwrap();
+        let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get(0);
+        let rows = c
+            .query(
+                "SELECT probe, cardinality(dup_idx) FROM stile.push(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY[3600], \
+                        ARRAY[$3::integer], ARRAY[$4::bytea], $5::uuid[], $6::text[], $7::json[])",
+                &[&p.id, &floor, &(names.len() as i32), &retry.hashes, &retry.message_ids, &retry.transaction_ids, &retry.payloads],
+            )
+            .await
+            .unwrap();
+        let read = c.query_one(index_reads, &[]).await.unwrap().get::<_, i64>(0) - before;
+        c.batch_execute("ROLLBACK").await.unwrap();
+        let (probe, duplicates): (String, i32) = (rows[0].get(0), rows[0].get(1));
+        assert_eq!((probe.as_str(), duplicates as usize), ("narrowed", names.len()), "{names:?}");
+        assert_eq!(read, 1, "index entries read for the retry of {names:?}");
+    }
+}
+
 #[tokio::test]
 async fn min_picks_the_first_occurrence() {
     let t = TestDb::new().await;
