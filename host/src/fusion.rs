@@ -50,6 +50,37 @@ pub struct Segment {
     pub hashes: Vec<u8>,
 }
 
+impl Segment {
+    /// Cuts the segment around the slots `indexes` names, when they form one
+    /// contiguous run that is not the whole segment: into the slots before
+    /// the run, the run, and the slots after it (those that are not empty),
+    /// in slot order. Otherwise gives the segment back whole. (The indexes
+    /// come from the cache, which is trusted with nothing: their order does
+    /// not matter, and indexes past the end are ignored.)
+    pub fn cut_around(self, indexes: &[u32]) -> Result<Vec<Segment>, Segment> {
+        let mut named = vec![false; self.slots.len()];
+        for &i in indexes {
+            if let Some(named) = usize::try_from(i).ok().and_then(|i| named.get_mut(i)) {
+                *named = true;
+            }
+        }
+        let Some(start) = named.iter().position(|&n| n) else { return Err(self) };
+        let end = start + named[start..].iter().take_while(|&&n| n).count();
+        if named[end..].contains(&true) || (start == 0 && end == named.len()) {
+            return Err(self);
+        }
+        let Segment { mut slots, hashes } = self;
+        let after: Vec<Slot> = slots.split_off(end);
+        let run: Vec<Slot> = slots.split_off(start);
+        let pieces = [(slots, &hashes[..16 * start]), (run, &hashes[16 * start..16 * end]), (after, &hashes[16 * end..])];
+        Ok(pieces
+            .into_iter()
+            .filter(|(slots, _)| !slots.is_empty())
+            .map(|(slots, hashes)| Segment { slots, hashes: hashes.to_vec() })
+            .collect())
+    }
+}
+
 impl PartitionQueue {
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
@@ -133,6 +164,38 @@ mod tests {
         assert_eq!(b.waiters, vec![Waiter { request: 1, index: 1 }, Waiter { request: 2, index: 0 }]);
         assert_eq!(segment.hashes.len(), 3 * 16);
         assert_eq!(&segment.hashes[16..32], &crate::hash::txn_hash("b"));
+    }
+
+    fn segment_of(n: u32) -> Segment {
+        let mut queue = PartitionQueue::default();
+        queue.add(1, (0..n).map(|i| (i, message(&format!("m{i}")))));
+        queue.take_segment(n as usize)
+    }
+
+    fn names(pieces: &[Segment]) -> Vec<Vec<&str>> {
+        pieces.iter().map(|p| p.slots.iter().map(|s| s.message.transaction_id.as_str()).collect()).collect()
+    }
+
+    #[test]
+    fn a_segment_is_cut_around_one_run_of_named_slots() {
+        let pieces = segment_of(6).cut_around(&[3, 2]).expect("one run, not the whole segment");
+        assert_eq!(names(&pieces), vec![vec!["m0", "m1"], vec!["m2", "m3"], vec!["m4", "m5"]]);
+        for piece in &pieces {
+            let hashes: Vec<u8> = piece.slots.iter().flat_map(|s| s.message.hash).collect();
+            assert_eq!(piece.hashes, hashes, "each piece carries its own slots' hashes");
+        }
+        let pieces = segment_of(3).cut_around(&[0, 9, 0, u32::MAX]).expect("a leading run");
+        assert_eq!(names(&pieces), vec![vec!["m0"], vec!["m1", "m2"]]);
+        let pieces = segment_of(3).cut_around(&[2]).expect("a trailing run");
+        assert_eq!(names(&pieces), vec![vec!["m0", "m1"], vec!["m2"]]);
+    }
+
+    #[test]
+    fn a_segment_stays_whole_unless_one_run_of_some_slots_is_named() {
+        for indexes in [&[][..], &[7], &[0, 1, 2], &[0, 2], &[2, 0, 1, 1]] {
+            let whole = segment_of(3).cut_around(indexes).expect_err("left whole");
+            assert_eq!(names(&[whole]), vec![vec!["m0", "m1", "m2"]], "{indexes:?}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt as _};
-use stile_guest::{Admission, Commit, EntryState, Hydration, Millis, Segment as CacheSegment, TxnsRow};
+use stile_guest::{Admission, Commit, EntryState, Hydration, Millis, Plan, Segment as CacheSegment, TxnsRow};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -276,7 +276,7 @@ impl Worker {
         // Ascending partition order keeps bundles deterministic; the push
         // function takes its locks in that order anyway.
         segments.sort_by_key(|s| s.partition_id);
-        let pushes = self.plan(&mut segments);
+        let (segments, pushes) = self.plan(segments);
         let db = self.db.clone();
         self.in_flight.push(Box::pin(async move {
             let started = Instant::now();
@@ -285,40 +285,74 @@ impl Worker {
         }));
     }
 
-    /// Asks the cache for each segment's `p_verified`.
-    fn plan(&mut self, segments: &mut [InFlight]) -> Vec<SegmentPush> {
+    /// Asks the cache for each segment's `p_verified`. A segment whose local
+    /// hits form one run among hashes the cache has not seen (a retry
+    /// coalesced with fresh pushes) is cut around that run, and the pieces
+    /// are planned again: the hits then narrow the probe of their own piece
+    /// only, and the other pieces stay vouched instead of being read for
+    /// over the whole span. The push function probes a later segment of a
+    /// partition against the earlier ones of its bundle, so the cut changes
+    /// no verdict, and the pieces keep the messages' order. Scattered hits
+    /// leave the segment whole (one probe, not many small segments).
+    fn plan(&mut self, segments: Vec<InFlight>) -> (Vec<InFlight>, Vec<SegmentPush>) {
         let now = self.now();
-        let queries: Vec<CacheSegment<'_>> = segments
-            .iter()
-            .map(|s| CacheSegment {
-                partition: s.partition_id,
-                window_ms: window_ms(s.window_seconds),
-                hashes: &s.segment.hashes,
-            })
-            .collect();
-        let started = Instant::now();
-        let plans = self.cache.plan(now, &queries);
-        self.metrics.guest_call(started.elapsed());
-        assert_eq!(plans.len(), segments.len(), "the cache answers every segment");
-        let mut pushes = Vec::with_capacity(segments.len());
-        for (in_flight, plan) in segments.iter_mut().zip(plans) {
-            // A local hit is a hint, never a verdict: the cache has already
-            // narrowed `p_verified` below the hit's original, so the probe
-            // finds it (and the first occurrence of every hash).
-            let p_verified = plan.p_verified;
+        let first = self.ask(now, &segments);
+        let mut planned: Vec<(InFlight, Option<Plan>)> = Vec::with_capacity(segments.len());
+        for (in_flight, plan) in segments.into_iter().zip(first) {
+            let InFlight { partition_id, window_seconds, state, segment } = in_flight;
+            match segment.cut_around(&plan.local_hits) {
+                Ok(pieces) => {
+                    for segment in pieces {
+                        planned.push((InFlight { partition_id, window_seconds, state, segment }, None));
+                    }
+                }
+                Err(segment) => planned.push((InFlight { partition_id, window_seconds, state, segment }, Some(plan))),
+            }
+        }
+        let cut: Vec<&InFlight> = planned.iter().filter(|(_, plan)| plan.is_none()).map(|(s, _)| s).collect();
+        if !cut.is_empty() {
+            let mut again = self.ask(now, &cut).into_iter();
+            for (_, plan) in planned.iter_mut().filter(|(_, plan)| plan.is_none()) {
+                *plan = again.next();
+            }
+        }
+        let mut pushes = Vec::with_capacity(planned.len());
+        let mut segments = Vec::with_capacity(planned.len());
+        for (mut in_flight, plan) in planned {
+            let plan = plan.expect("every segment and run is planned");
             in_flight.state = plan.state;
             self.metrics.flush_size(in_flight.segment.slots.len());
             pushes.push(SegmentPush {
                 partition_id: in_flight.partition_id,
-                p_verified,
+                p_verified: plan.p_verified,
                 planned_window_seconds: in_flight.window_seconds,
                 hashes: in_flight.segment.hashes.clone(),
                 message_ids: in_flight.segment.slots.iter().map(|s| s.message.message_id).collect(),
                 transaction_ids: in_flight.segment.slots.iter().map(|s| s.message.transaction_id.clone()).collect(),
                 payloads: in_flight.segment.slots.iter().map(|s| s.message.payload.clone()).collect(),
             });
+            segments.push(in_flight);
         }
-        pushes
+        (segments, pushes)
+    }
+
+    /// One plan call: the cache's answer for each segment, in order. A local
+    /// hit is a hint, never a verdict: the cache has already narrowed
+    /// `p_verified` below the hit's original, so the probe finds it (and the
+    /// first occurrence of every hash).
+    fn ask<S: std::borrow::Borrow<InFlight>>(&mut self, now: Millis, segments: &[S]) -> Vec<Plan> {
+        let queries: Vec<CacheSegment<'_>> = segments
+            .iter()
+            .map(|s| {
+                let s = s.borrow();
+                CacheSegment { partition: s.partition_id, window_ms: window_ms(s.window_seconds), hashes: &s.segment.hashes }
+            })
+            .collect();
+        let started = Instant::now();
+        let plans = self.cache.plan(now, &queries);
+        self.metrics.guest_call(started.elapsed());
+        assert_eq!(plans.len(), segments.len(), "the cache answers every segment");
+        plans
     }
 
     fn complete(&mut self, done: Done) {
