@@ -5,20 +5,18 @@
 //! ```text
 //! cargo build --release -p stile -p stile-tests --bin stile --bin load
 //! ./target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] \
-//!     [--sizes 1,10,100] [--warmup 2] [--secs 10] [--retry-percent 10] \
-//!     [--configs warm,native,off,cold] [--rounds 3] [--sync off|on] \
+//!     [--sizes 1,10,100] [--warmup 1] [--secs 4] [--retry-percent 10] \
+//!     [--configs warm,native,off,cold] [--rounds 5] [--sync off|on] \
 //!     [--client-threads 1] [--pg-set NAME=VALUE ...]
 //! ```
 //!
 //! The database is a fresh `stile_t_<random>` on the server named by
 //! `STILE_TEST_DATABASE_URL` (default: libpq's defaults), dropped at the end;
 //! the gateway binary (found as the tests find it, or `$STILE_BIN`) creates
-//! its schema. It is prepared once: queue `load` with `--partitions` partitions holding
-//! `--prefill` messages between them (real segments and txns rows, written
-//! through SQL in rows of 4,096, all inside the window of an hour). Before
-//! each configuration the database is put back to that state (what the
-//! previous one pushed is deleted, the allocators reset, the tables
-//! vacuumed and analysed), and a fresh gateway process is started:
+//! its schema. Each configuration has its own queue, `load-<config>`, with
+//! `--partitions` partitions holding `--prefill` messages between them, all
+//! inside the window of an hour, and its own gateway process, all started
+//! at once and primed (the warm ones hydrate) before anything is measured:
 //!
 //! * `warm`:   dedup on, wasm engine, default cache (512 MiB);
 //! * `native`: dedup on, native engine;
@@ -26,10 +24,13 @@
 //! * `cold`:   dedup on, wasm engine, `--cache-mb 0`: no partition is
 //!   admitted to the cache, so every segment is probed in full.
 //!
-//! The list of configurations runs `--rounds` times, each round starting
-//! one configuration further along it, so that the machine's drift (and
-//! whatever running first or last does) falls on every configuration alike;
-//! the comparisons printed at the end are of each configuration's median.
+//! The configurations take turns: for each batch size, `--rounds` rounds in
+//! which every configuration is measured once, each round starting one
+//! configuration further along the list. Only the measured gateway has
+//! load; the others idle. The machine's speed drifts by tens of percent over
+//! minutes, so the comparisons printed at the end are medians over the
+//! rounds of each round's own ratio (two configurations measured seconds
+//! apart), beside the ratio of the medians.
 //!
 //! For every batch size, `--conns` connections push for `--warmup` seconds
 //! and then for `--secs` measured seconds. Each request goes to one random
@@ -52,7 +53,6 @@ use stile_tests::cpu::{cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
 use stile_tests::pg::TestDb;
 
-const QUEUE: &str = "load";
 /// Items per prefill request, and connections pushing them.
 const PREFILL_BATCH: usize = 10_000;
 const PREFILL_CONNECTIONS: usize = 8;
@@ -87,6 +87,17 @@ impl Config {
         }
     }
 
+    /// The configuration's own queue: gateways pushing to one queue would
+    /// see each other's writes as gaps.
+    fn queue(self) -> &'static str {
+        match self {
+            Config::Warm => "load-warm",
+            Config::Native => "load-native",
+            Config::Off => "load-off",
+            Config::Cold => "load-cold",
+        }
+    }
+
     fn dedup(self) -> bool {
         self != Config::Off
     }
@@ -111,9 +122,9 @@ struct Args {
     secs: f64,
     retry_percent: u32,
     configs: Vec<Config>,
-    /// Times every configuration runs, interleaved: round `r` starts the
-    /// list at its `r`-th configuration, so that no configuration always
-    /// runs first or last. The comparisons use each one's median.
+    /// Turns per batch size: in round `r` every configuration is measured
+    /// once, starting at the list's `r`-th, so that none always runs first
+    /// or last. The comparisons use the medians of each round's ratios.
     rounds: usize,
     sync: bool,
     client_threads: usize,
@@ -127,11 +138,11 @@ fn parse_args() -> Args {
         partitions: 64,
         prefill: 1_000_000,
         sizes: vec![1, 10, 100],
-        warmup: 2.0,
-        secs: 10.0,
+        warmup: 1.0,
+        secs: 4.0,
         retry_percent: 10,
         configs: vec![Config::Warm, Config::Native, Config::Off, Config::Cold],
-        rounds: 3,
+        rounds: 5,
         sync: false,
         client_threads: 1,
         pg_settings: Vec::new(),
@@ -144,8 +155,8 @@ fn parse_args() -> Args {
         let flag = argv[i].as_str();
         if flag == "--help" || flag == "-h" {
             println!(
-                "load [--conns 32] [--partitions 64] [--prefill 1000000] [--sizes 1,10,100] [--warmup 2] [--secs 10] \
-                 [--retry-percent 10] [--configs warm,native,off,cold] [--rounds 3] [--sync off|on] \
+                "load [--conns 32] [--partitions 64] [--prefill 1000000] [--sizes 1,10,100] [--warmup 1] [--secs 4] \
+                 [--retry-percent 10] [--configs warm,native,off,cold] [--rounds 5] [--sync off|on] \
                  [--client-threads 1] [--pg-set NAME=VALUE ...]"
             );
             std::process::exit(0);
@@ -189,13 +200,11 @@ fn main() {
     runtime.block_on(run(args));
 }
 
-/// The prepared database: the queue's partitions and their prefilled last offsets.
-struct Prepared {
-    partition_ids: Vec<i64>,
-    prefill_last: Vec<i64>,
-}
-
-async fn prepare(t: &TestDb, args: &Args) -> Prepared {
+/// Prepares the database: settings, the schema (the binary under test
+/// creates it), and every configuration's queue prefilled through a gateway
+/// in requests of 10,000 items (the default --max-items). Returns the
+/// messages each partition holds.
+async fn prepare(t: &TestDb, args: &Args) -> i64 {
     let c = t.client().await;
     let sync = if args.sync { "on" } else { "off" };
     c.batch_execute(&format!("ALTER DATABASE \"{}\" SET synchronous_commit = {sync}", t.name()))
@@ -207,25 +216,25 @@ async fn prepare(t: &TestDb, args: &Args) -> Prepared {
             .await
             .unwrap_or_else(|e| panic!("set {name}: {e}"));
     }
-    // The gateway owns its schema: the binary under test creates it, and the
-    // prefill goes through it, in batches of 10,000 (the default --max-items).
     let gw = Gateway::start(&t.url()).await;
     let per_partition = args.prefill.div_ceil(args.partitions);
-    let mut batches: Vec<(usize, usize, usize)> = Vec::new();
-    for p in 0..args.partitions {
-        for from in (0..per_partition).step_by(PREFILL_BATCH) {
-            batches.push((p, from, (from + PREFILL_BATCH).min(per_partition)));
+    let mut batches: Vec<(&'static str, usize, usize, usize)> = Vec::new();
+    for config in &args.configs {
+        for p in 0..args.partitions {
+            for from in (0..per_partition).step_by(PREFILL_BATCH) {
+                batches.push((config.queue(), p, from, (from + PREFILL_BATCH).min(per_partition)));
+            }
         }
     }
     let mut tasks = Vec::new();
     for k in 0..PREFILL_CONNECTIONS {
         let mut client = gw.client().await;
-        let mine: Vec<(usize, usize, usize)> = batches.iter().copied().skip(k).step_by(PREFILL_CONNECTIONS).collect();
+        let mine: Vec<_> = batches.iter().copied().skip(k).step_by(PREFILL_CONNECTIONS).collect();
         tasks.push(tokio::spawn(async move {
-            for (p, from, to) in mine {
+            for (queue, p, from, to) in mine {
                 let items = (from..to)
                     .map(|i| {
-                        json!({"queue": QUEUE, "partition": format!("p{p}"), "transactionId": format!("prefill-p{p}-{i}"),
+                        json!({"queue": queue, "partition": format!("p{p}"), "transactionId": format!("prefill-p{p}-{i}"),
                                "payload": {"order": i, "amount": 99.5, "currency": "EUR"}})
                     })
                     .collect();
@@ -238,36 +247,21 @@ async fn prepare(t: &TestDb, args: &Args) -> Prepared {
         task.await.expect("a prefill connection");
     }
     drop(gw);
-    let rows = c
-        .query("SELECT id, last_offset FROM stile.partitions WHERE queue = $1 ORDER BY substr(name, 2)::integer", &[&QUEUE])
-        .await
-        .expect("read the partitions");
-    assert_eq!(rows.len(), args.partitions);
-    c.batch_execute("VACUUM ANALYZE stile.segments, stile.txns, stile.partitions, stile.queues").await.expect("vacuum");
-    Prepared { partition_ids: rows.iter().map(|r| r.get(0)).collect(), prefill_last: rows.iter().map(|r| r.get(1)).collect() }
-}
-
-/// Puts the database back to its prepared state.
-async fn reset(t: &TestDb, prepared: &Prepared) {
-    let c = t.client().await;
-    let (ids, last) = (&prepared.partition_ids, &prepared.prefill_last);
-    for sql in [
-        "DELETE FROM stile.segments s USING unnest($1::bigint[], $2::bigint[]) AS u(id, last) \
-          WHERE s.partition_id = u.id AND s.base_offset > u.last",
-        "DELETE FROM stile.txns x USING unnest($1::bigint[], $2::bigint[]) AS u(id, last) \
-          WHERE x.partition_id = u.id AND x.base_offset > u.last",
-        "UPDATE stile.partitions p SET last_offset = u.last FROM unnest($1::bigint[], $2::bigint[]) AS u(id, last) \
-          WHERE p.id = u.id",
-    ] {
-        c.execute(sql, &[ids, last]).await.expect("reset the database");
+    for config in &args.configs {
+        let rows = c
+            .query("SELECT last_offset FROM stile.partitions WHERE queue = $1", &[&config.queue()])
+            .await
+            .expect("read the partitions");
+        assert_eq!(rows.len(), args.partitions);
+        assert!(rows.iter().all(|r| r.get::<_, i64>(0) + 1 == per_partition as i64), "every partition holds the prefill");
     }
-    c.batch_execute("VACUUM ANALYZE stile.segments, stile.txns, stile.partitions").await.expect("vacuum");
-}
-
-async fn set_window(t: &TestDb, seconds: i64) {
-    let mut options = serde_json::Map::new();
-    options.insert("dedupWindowSeconds".into(), json!(seconds));
-    t.db.configure(QUEUE, &options, stile::db::ConfigureMode::Merge).await.expect("configure the window");
+    if args.configs.contains(&Config::Off) {
+        let mut options = serde_json::Map::new();
+        options.insert("dedupWindowSeconds".into(), json!(0));
+        t.db.configure(Config::Off.queue(), &options, stile::db::ConfigureMode::Merge).await.expect("configure the window");
+    }
+    c.batch_execute("VACUUM ANALYZE stile.segments, stile.txns, stile.partitions, stile.queues").await.expect("vacuum");
+    per_partition as i64
 }
 
 /// What one connection saw in the measured interval.
@@ -304,6 +298,7 @@ impl Tally {
 #[allow(clippy::too_many_arguments)]
 async fn connection(
     mut client: Client,
+    queue: &'static str,
     tag: String,
     partitions: usize,
     size: usize,
@@ -335,7 +330,7 @@ async fn connection(
                 }
                 let _ = write!(
                     body,
-                    r#"{{"queue":"{QUEUE}","partition":"p{partition}","transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}}}"#
+                    r#"{{"queue":"{queue}","partition":"p{partition}","transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}}}"#
                 );
             }
             body.push_str("]}");
@@ -386,6 +381,25 @@ async fn connection(
                 }
             }
         }
+    }
+}
+
+/// One configuration's figures at one batch size in one round.
+struct Measured {
+    config: Config,
+    size: usize,
+    round: usize,
+    figures: Figures,
+}
+
+/// The median of what is not NaN (NaN if nothing is).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.retain(|v| !v.is_nan());
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }
 
@@ -446,20 +460,28 @@ async fn series(client: &mut Client) -> [f64; 8] {
     SERIES.map(|series| metric(&text, series))
 }
 
-async fn measure(gw: &Gateway, args: &Args, config: Config, label: &str, size: usize) -> Figures {
+/// How long one measurement runs: unmeasured warm-up, then measured seconds.
+#[derive(Clone, Copy, Debug)]
+struct Slice {
+    warmup: f64,
+    secs: f64,
+}
+
+async fn measure(gw: &Gateway, args: &Args, slice: Slice, config: Config, label: &str, size: usize) -> Figures {
     let mut clients = Vec::with_capacity(args.conns);
     for _ in 0..args.conns {
         clients.push(gw.client().await);
     }
     let mut observer = gw.client().await;
     let start = Instant::now();
-    let measure_from = start + Duration::from_secs_f64(args.warmup);
-    let end = measure_from + Duration::from_secs_f64(args.secs);
+    let measure_from = start + Duration::from_secs_f64(slice.warmup);
+    let end = measure_from + Duration::from_secs_f64(slice.secs);
     let mut tasks = Vec::with_capacity(args.conns);
     for (c, client) in clients.into_iter().enumerate() {
         let tag = format!("{label}-s{size}-c{c}");
         tasks.push(tokio::spawn(connection(
             client,
+            config.queue(),
             tag,
             args.partitions,
             size,
@@ -484,7 +506,7 @@ async fn measure(gw: &Gateway, args: &Args, config: Config, label: &str, size: u
     tally.latencies_us.sort_unstable();
     tally.retry_latencies_us.sort_unstable();
     Figures {
-        rate: tally.items as f64 / args.secs,
+        rate: tally.items as f64 / slice.secs,
         p50_ms: percentile(&tally.latencies_us, 50.0),
         p99_ms: percentile(&tally.latencies_us, 99.0),
         retry_p50_ms: percentile(&tally.retry_latencies_us, 50.0),
@@ -516,10 +538,10 @@ async fn run(args: Args) {
     let load_at_start = load_average();
     let t = fresh_database().await;
     let prepare_started = Instant::now();
-    let prepared = prepare(&t, &args).await;
-    let per_partition = prepared.prefill_last[0] + 1;
+    let per_partition = prepare(&t, &args).await;
     eprintln!(
-        "prepared {} partitions x {per_partition} messages ({} hashes in the window) in {:.1} s",
+        "prepared {} queue(s) of {} partitions x {per_partition} messages ({} hashes in each window) in {:.1} s",
+        args.configs.len(),
         args.partitions,
         per_partition * args.partitions as i64,
         prepare_started.elapsed().as_secs_f64()
@@ -527,59 +549,54 @@ async fn run(args: Args) {
     let c = t.client().await;
     let version: String = c.query_one("SHOW server_version", &[]).await.expect("server version").get(0);
 
-    let mut results: Vec<(Config, usize, Figures)> = Vec::new();
-    let order: Vec<Config> = (0..args.rounds)
-        .flat_map(|round| {
-            let mut configs = args.configs.clone();
-            let start = round % configs.len().max(1);
-            configs.rotate_left(start);
-            configs
-        })
-        .collect();
-    for (k, &config) in order.iter().enumerate() {
-        // Before the first configuration too: each one starts from a
-        // vacuumed and analysed database, not the first from a bulk load.
-        reset(&t, &prepared).await;
-        if config == Config::Off {
-            set_window(&t, 0).await;
-        }
-        let gw = Gateway::start_with(&t.url(), &config.options()).await;
-        for &size in &args.sizes {
-            let figures = measure(&gw, &args, config, &format!("k{k}"), size).await;
-            eprintln!(
-                "  {:<26} batch {size:>3}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.0}, PostgreSQL {:.0}, generator {:.0})",
-                config.name(),
-                figures.rate,
-                figures.p50_ms,
-                figures.p99_ms,
-                figures.retry_p50_ms,
-                figures.retry_p99_ms,
-                figures.requests,
-                figures.retries,
-                figures.duplicates,
-                figures.wrong,
-                figures.errors,
-                figures.probes,
-                figures.hydrations,
-                figures.sql_ms_per_bundle,
-                figures.segments_per_bundle,
-                figures.cpu_ms_per_k[0],
-                figures.cpu_ms_per_k[1],
-                figures.cpu_ms_per_k[2]
-            );
-            results.push((config, size, figures));
-        }
-        drop(gw);
-        if config == Config::Off {
-            set_window(&t, 3600).await;
+    let mut gateways = Vec::with_capacity(args.configs.len());
+    for &config in &args.configs {
+        gateways.push((config, Gateway::start_with(&t.url(), &config.options()).await));
+    }
+    // Primed: the pools open their connections, the warm caches hydrate.
+    for (config, gw) in &gateways {
+        let primed = measure(gw, &args, Slice { warmup: 1.0, secs: 2.0 }, *config, "prime", args.sizes[0]).await;
+        eprintln!("  primed {:<26} {} hydrations, {:.0} msg/s", config.name(), primed.hydrations, primed.rate);
+    }
+    let slice = Slice { warmup: args.warmup, secs: args.secs };
+    let mut results: Vec<Measured> = Vec::new();
+    for &size in &args.sizes {
+        for round in 0..args.rounds {
+            for k in 0..gateways.len() {
+                let (config, gw) = &gateways[(round + k) % gateways.len()];
+                let figures = measure(gw, &args, slice, *config, &format!("r{round}"), size).await;
+                eprintln!(
+                    "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.0}, PostgreSQL {:.0}, generator {:.0})",
+                    config.name(),
+                    figures.rate,
+                    figures.p50_ms,
+                    figures.p99_ms,
+                    figures.retry_p50_ms,
+                    figures.retry_p99_ms,
+                    figures.requests,
+                    figures.retries,
+                    figures.duplicates,
+                    figures.wrong,
+                    figures.errors,
+                    figures.probes,
+                    figures.hydrations,
+                    figures.sql_ms_per_bundle,
+                    figures.segments_per_bundle,
+                    figures.cpu_ms_per_k[0],
+                    figures.cpu_ms_per_k[1],
+                    figures.cpu_ms_per_k[2]
+                );
+                results.push(Measured { config: *config, size, round, figures });
+            }
         }
     }
+    drop(gateways);
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!();
     println!(
         "stile over HTTP: {} connections, {} partitions, {} % retries, window prefilled with {} hashes, \
-         {:.0} s warm-up + {:.0} s measured per row, synchronous_commit={}, PostgreSQL {version}, {cpus} CPUs, \
+         {} s warm-up + {} s measured per row, synchronous_commit={}, PostgreSQL {version}, {cpus} CPUs, \
          load average {load_at_start} at the start and {} at the end{}",
         args.conns,
         args.partitions,
@@ -593,15 +610,15 @@ async fn run(args: Args) {
     );
     println!();
     println!(
-        "| configuration | batch | messages/s | p50 ms | p99 ms | requests | wrong answers | errors \
+        "| configuration | batch | round | messages/s | p50 ms | p99 ms | requests | wrong answers | errors \
          | segments skipped / narrowed / full / off | hydrations | SQL ms per bundle | segments per bundle \
          | CPU ms per 1,000 messages: gateway / PostgreSQL / generator |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
-    for (config, size, f) in &results {
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
+    for Measured { config, size, round, figures: f } in &results {
         let [s, n, full, off] = f.probes;
         println!(
-            "| {} | {size} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.2} | {:.0} / {:.0} / {:.0} |",
+            "| {} | {size} | {round} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.2} | {:.0} / {:.0} / {:.0} |",
             config.name(),
             f.rate,
             f.p50_ms,
@@ -617,39 +634,39 @@ async fn run(args: Args) {
             f.cpu_ms_per_k[2]
         );
     }
-    // Each configuration's median rate over the rounds.
-    let rate = |config: Config, size: usize| {
-        let mut rates: Vec<f64> = results.iter().filter(|(c, s, _)| *c == config && *s == size).map(|(_, _, f)| f.rate).collect();
-        rates.sort_by(f64::total_cmp);
-        match rates.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => rates[n / 2],
-            n => (rates[n / 2 - 1] + rates[n / 2]) / 2.0,
-        }
+    let rate = |config: Config, size: usize, round: usize| {
+        results.iter().find(|m| m.config == config && m.size == size && m.round == round).map_or(f64::NAN, |m| m.figures.rate)
     };
+    let median_rate = |config: Config, size: usize| median((0..args.rounds).map(|r| rate(config, size, r)).collect());
+    // Each round's own ratio: the two configurations measured seconds apart.
+    let paired =
+        |a: Config, b: Config, size: usize| median((0..args.rounds).map(|r| rate(a, size, r) / rate(b, size, r)).collect());
     println!();
     println!("Median messages/s over {} round(s):", args.rounds);
     println!();
     println!("| configuration | {} |", args.sizes.iter().map(|size| format!("batch {size}")).collect::<Vec<_>>().join(" | "));
     println!("|---|{}", "---:|".repeat(args.sizes.len()));
     for &config in &args.configs {
-        let rates: Vec<String> = args.sizes.iter().map(|&size| format!("{:.0}", rate(config, size))).collect();
+        let rates: Vec<String> = args.sizes.iter().map(|&size| format!("{:.0}", median_rate(config, size))).collect();
         println!("| {} | {} |", config.name(), rates.join(" | "));
     }
+    println!();
+    println!("Ratios: the median of the rounds' own ratios (in brackets: the ratio of the medians above).");
     println!();
     println!("| batch | warm / off (target >= 0.9) | warm / cache off (target >= 2) | wasm / native (target 0.9 - 1.1) |");
     println!("|---:|---:|---:|---:|");
     for &size in &args.sizes {
-        let warm = rate(Config::Warm, size);
-        println!(
-            "| {size} | {:.2} | {:.2} | {:.2} |",
-            warm / rate(Config::Off, size),
-            warm / rate(Config::Cold, size),
-            warm / rate(Config::Native, size)
-        );
+        let cell = |other: Config| {
+            format!(
+                "{:.2} ({:.2})",
+                paired(Config::Warm, other, size),
+                median_rate(Config::Warm, size) / median_rate(other, size)
+            )
+        };
+        println!("| {size} | {} | {} | {} |", cell(Config::Off), cell(Config::Cold), cell(Config::Native));
     }
-    let wrong: u64 = results.iter().map(|(_, _, f)| f.wrong).sum();
-    let errors: u64 = results.iter().map(|(_, _, f)| f.errors).sum();
+    let wrong: u64 = results.iter().map(|m| m.figures.wrong).sum();
+    let errors: u64 = results.iter().map(|m| m.figures.errors).sum();
     println!();
     println!(
         "{wrong} wrong answers, {errors} errors (dedup on: fresh items queued, retried items duplicate; off: all queued); \
