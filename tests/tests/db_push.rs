@@ -268,7 +268,15 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
             .query(
                 "SELECT probe, cardinality(dup_idx) FROM stile.push(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY[3600], \
                         ARRAY[$3::integer], ARRAY[$4::bytea], $5::uuid[], $6::text[], $7::json[])",
-                &[&p.id, &floor, &(names.len() as i32), &retry.hashes, &retry.message_ids, &retry.transaction_ids, &retry.payloads],
+                &[
+                    &p.id,
+                    &floor,
+                    &(names.len() as i32),
+                    &retry.hashes,
+                    &retry.message_ids,
+                    &retry.transaction_ids,
+                    &retry.payloads,
+                ],
             )
             .await
             .unwrap();
