@@ -312,11 +312,13 @@ BEGIN
                      ORDER BY r.end_offset
                      LIMIT 1;
                     IF FOUND THEN
-                        IF v_count <= 4 THEN
+                        IF v_count <= 16 THEN
                             -- Each hash's first occurrence in the row by a
-                            -- byte search, one PL/pgSQL expression each (no
-                            -- statement to execute); a miss or an unaligned
-                            -- match leaves the segment to the full span.
+                            -- byte search, a few PL/pgSQL expressions each
+                            -- (no statement to execute: at 10 hashes half
+                            -- the cost of the join below); a miss or an
+                            -- unaligned match leaves the segment to the full
+                            -- span.
                             v_idx := '{}';
                             v_off := '{}';
                             FOR j IN 0 .. v_count - 1 LOOP
@@ -342,7 +344,7 @@ BEGIN
                             SELECT s.message_ids INTO v_row_mids
                               FROM stile.segments s
                              WHERE s.partition_id = v_pid AND s.base_offset = v_first_base;
-                            IF v_count <= 4 THEN
+                            IF v_count <= 16 THEN
                                 v_mid := array_fill(NULL::uuid, ARRAY[v_count]);
                                 FOR j IN 1 .. v_count LOOP
                                     v_mid[j] := v_row_mids[(v_off[j] - v_first_base + 1)::integer];

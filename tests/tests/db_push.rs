@@ -243,7 +243,19 @@ async fn a_hash_that_a_row_holds_only_across_two_hashes_is_not_found_there() {
 async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    for batch in [vec!["z"], vec!["a"], vec!["b", "c"], (0..10).map(|_| "x").collect()] {
+    // Offsets: z0 0, a0 1, b0 c1 2-3, x0-x9 4-13, y0-y19 14-33.
+    let offset_of = |name: &str| -> i64 {
+        let (series, i) = name.split_at(1);
+        let i: i64 = i.parse().unwrap();
+        i + match series {
+            "z" => 0,
+            "a" => 1,
+            "b" | "c" => 2,
+            "x" => 4,
+            _ => 14,
+        }
+    };
+    for batch in [vec!["z"], vec!["a"], vec!["b", "c"], vec!["x"; 10], vec!["y"; 20]] {
         let names: Vec<String> = batch.iter().enumerate().map(|(i, n)| format!("{n}{i}")).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         t.db.push_bundle(&[segment(p.id, &names, -1, 3600)]).await.unwrap();
@@ -251,13 +263,16 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
     let c = t.client().await;
     // 20,000 rows after them, one hash each, then fresh statistics.
     c.batch_execute(&format!(
-        "INSERT INTO stile.txns SELECT {id}, g, g, now(), decode(md5(g::text), 'hex') FROM generate_series(13, 20012) AS g; \
-         UPDATE stile.partitions SET last_offset = 20012 WHERE id = {id}; ANALYZE stile.txns;",
+        "INSERT INTO stile.txns SELECT {id}, g, g, now(), decode(md5(g::text), 'hex') FROM generate_series(34, 20033) AS g; \
+         UPDATE stile.partitions SET last_offset = 20033 WHERE id = {id}; ANALYZE stile.txns;",
         id = p.id
     ))
     .await
     .unwrap();
-    for (names, floor) in [(vec!["a0"], 0), (vec!["c1", "b0"], 1), (vec!["x3", "x0", "x9", "x1", "x2"], 3)] {
+    let ys: Vec<String> = (0..20).rev().map(|i| format!("y{i}")).collect();
+    let ys: Vec<&str> = ys.iter().map(String::as_str).collect();
+    // Byte searches up to 16 hashes, a join above.
+    for (names, floor) in [(vec!["a0"], 0), (vec!["c1", "b0"], 1), (vec!["x3", "x0", "x9", "x1", "x2"], 3), (ys, 13)] {
         let retry = segment(p.id, &names, floor, 3600);
         // The counter is the backend's own, not yet reported: the difference
         // inside one transaction is what the push read.
@@ -266,7 +281,7 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
         let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get(0);
         let rows = c
             .query(
-                "SELECT probe, cardinality(dup_idx) FROM stile.push(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY[3600], \
+                "SELECT probe, dup_idx, dup_off FROM stile.push(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY[3600], \
                         ARRAY[$3::integer], ARRAY[$4::bytea], $5::uuid[], $6::text[], $7::json[])",
                 &[
                     &p.id,
@@ -282,8 +297,11 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
             .unwrap();
         let read = c.query_one(index_reads, &[]).await.unwrap().get::<_, i64>(0) - before;
         c.batch_execute("ROLLBACK").await.unwrap();
-        let (probe, duplicates): (String, i32) = (rows[0].get(0), rows[0].get(1));
-        assert_eq!((probe.as_str(), duplicates as usize), ("narrowed", names.len()), "{names:?}");
+        let (probe, idx, off): (String, Vec<i32>, Vec<i64>) = (rows[0].get(0), rows[0].get(1), rows[0].get(2));
+        let expected: Vec<i64> = names.iter().map(|n| offset_of(n)).collect();
+        assert_eq!(probe, "narrowed", "{names:?}");
+        assert_eq!(idx, (0..names.len() as i32).collect::<Vec<_>>(), "{names:?}");
+        assert_eq!(off, expected, "{names:?}");
         assert_eq!(read, 1, "index entries read for the retry of {names:?}");
     }
 }
