@@ -80,9 +80,10 @@ $$;
 --
 -- A narrowed probe reads one row alone when that row holds every hash of the
 -- segment (a retry floored at or just below its original by the cache): the
--- span's first row inside the window, or for up to 4 hashes the first whose
--- bytes hold any of them. No row of the span below it holds one, so each
--- hash's first occurrence is there. Otherwise it reads every row of the span.
+-- span's first row inside the window whose bytes hold any of the segment's
+-- first 4 hashes, when no row of the span below it holds any of the others.
+-- Each hash's first occurrence is then there. Otherwise it reads every row of
+-- the span.
 --
 -- Exactness rules beyond the plain probe:
 --   * a window larger than the one the cache planned under voids p_verified
@@ -154,7 +155,7 @@ DECLARE
     v_h2 bytea;
     v_h3 bytea;
     v_h4 bytea;
-    v_first_base bigint;   -- the span's first row, tried alone first
+    v_first_base bigint;   -- the row tried alone first
     v_first_hashes bytea;
     v_at integer;          -- a hash's byte position in that row, from 0
     v_row_mids uuid[];     -- that row's message ids
@@ -276,24 +277,25 @@ BEGIN
                 v_settings := set_config('jit', 'off', true) || set_config('enable_mergejoin', 'off', true)
                               || set_config('plan_cache_mode', 'force_generic_plan', true)
                               || set_config('enable_seqscan', 'off', true) || set_config('enable_sort', 'off', true);
-                -- Up to 4 hashes: a byte search per row costs far less than
-                -- unnesting the row. It only preselects rows; the aligned
-                -- comparison below decides. Absent ones are NULL, and a NULL
-                -- needle is never searched for.
-                v_h1 := NULL; v_h2 := NULL; v_h3 := NULL; v_h4 := NULL;
-                IF v_count <= 4 THEN
-                    v_h1 := substring(v_hashes FROM 1 FOR 16);
-                    IF v_count >= 2 THEN v_h2 := substring(v_hashes FROM 17 FOR 16); END IF;
-                    IF v_count >= 3 THEN v_h3 := substring(v_hashes FROM 33 FOR 16); END IF;
-                    IF v_count >= 4 THEN v_h4 := substring(v_hashes FROM 49 FOR 16); END IF;
-                END IF;
-                -- A narrowed probe tries one row alone, first: the span's first
-                -- row inside the window, or with up to 4 hashes the first
-                -- whose bytes hold any of them (no row below it holds one).
-                -- The cache floors a local hit at or just below its
-                -- original, so for a retry that row usually holds every hash
-                -- of the segment. When it does, it holds each one's first
-                -- occurrence in the span, and no other row needs reading.
+                -- The segment's first 4 hashes (absent ones NULL: a NULL
+                -- needle is never searched for). A byte search per row costs
+                -- far less than unnesting the row; it only preselects rows,
+                -- and an aligned comparison decides.
+                v_h1 := substring(v_hashes FROM 1 FOR 16);
+                v_h2 := NULL; v_h3 := NULL; v_h4 := NULL;
+                IF v_count >= 2 THEN v_h2 := substring(v_hashes FROM 17 FOR 16); END IF;
+                IF v_count >= 3 THEN v_h3 := substring(v_hashes FROM 33 FOR 16); END IF;
+                IF v_count >= 4 THEN v_h4 := substring(v_hashes FROM 49 FOR 16); END IF;
+                -- A narrowed probe tries one row alone, first: the span's
+                -- first row inside the window whose bytes hold any of the
+                -- first 4 hashes (no row below it holds one of those). The
+                -- cache floors a local hit at or just below its original,
+                -- so for a retry that row usually holds every hash of the
+                -- segment. When it does, and no row below it holds one of
+                -- the other hashes (checked only past 4 hashes, and only in
+                -- the rows below it, a step of the cache's floor), it holds
+                -- each one's first occurrence in the span, and no other row
+                -- needs reading.
                 IF v_probe = 'narrowed' THEN
                     -- (No fence around the scan: the limit must stop it
                     -- at the first row, in the index's order.)
@@ -304,14 +306,29 @@ BEGIN
                        AND r.end_offset > v_from
                        AND r.end_offset <= v_last[k]
                        AND r.created_at >= v_now - make_interval(secs => v_window)
-                       AND (v_count > 4
-                            OR position(v_h1 IN r.hashes) > 0
+                       AND (position(v_h1 IN r.hashes) > 0
                             OR position(v_h2 IN r.hashes) > 0
                             OR position(v_h3 IN r.hashes) > 0
                             OR position(v_h4 IN r.hashes) > 0)
                      ORDER BY r.end_offset
                      LIMIT 1;
-                    IF FOUND THEN
+                    IF FOUND AND v_count > 4 THEN
+                        -- (Any byte match counts here, aligned or not: it can
+                        -- only send the segment to the full span.)
+                        PERFORM 1
+                           FROM stile.txns r
+                          WHERE r.partition_id = v_pid
+                            AND r.end_offset > v_from
+                            AND r.end_offset < v_first_base
+                            AND r.created_at >= v_now - make_interval(secs => v_window)
+                            AND EXISTS (SELECT 1 FROM generate_series(4, v_count - 1) AS j
+                                         WHERE position(substring(v_hashes FROM 16 * j + 1 FOR 16) IN r.hashes) > 0)
+                          LIMIT 1;
+                        IF FOUND THEN
+                            v_first_base := NULL;
+                        END IF;
+                    END IF;
+                    IF v_first_base IS NOT NULL THEN
                         IF v_count <= 16 THEN
                             -- Each hash's first occurrence in the row by a
                             -- byte search, a few PL/pgSQL expressions each

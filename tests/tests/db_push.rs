@@ -272,7 +272,12 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
     let ys: Vec<String> = (0..20).rev().map(|i| format!("y{i}")).collect();
     let ys: Vec<&str> = ys.iter().map(String::as_str).collect();
     // Byte searches up to 16 hashes, a join above.
-    for (names, floor) in [(vec!["a0"], 0), (vec!["c1", "b0"], 1), (vec!["x3", "x0", "x9", "x1", "x2"], 3), (ys, 13)] {
+    let xs = vec!["x3", "x0", "x9", "x1", "x2"];
+    // (names, floor, index entries read): floored a row below the original,
+    // that row is read too, and past four hashes read again for the others.
+    for (names, floor, entries) in
+        [(vec!["a0"], 0, 1), (vec!["c1", "b0"], 1, 1), (xs.clone(), 3, 1), (xs, 1, 3), (vec!["x0"], 1, 2), (ys, 13, 1)]
+    {
         let retry = segment(p.id, &names, floor, 3600);
         // The counter is the backend's own, not yet reported: the difference
         // inside one transaction is what the push read.
@@ -302,7 +307,7 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
         assert_eq!(probe, "narrowed", "{names:?}");
         assert_eq!(idx, (0..names.len() as i32).collect::<Vec<_>>(), "{names:?}");
         assert_eq!(off, expected, "{names:?}");
-        assert_eq!(read, 1, "index entries read for the retry of {names:?}");
+        assert_eq!(read, entries, "index entries read for the retry of {names:?} floored at {floor}");
     }
 }
 
@@ -329,6 +334,34 @@ async fn min_picks_the_first_occurrence() {
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Narrowed);
     assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(1, 2)]);
+}
+
+#[tokio::test]
+async fn past_four_hashes_a_row_below_the_tried_one_holding_another_hash_sends_the_probe_over_the_span() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    set_window(&t, "q", 0).await;
+    let ks = ["k0", "k1", "k2", "k3", "k4", "k5"];
+    // z at 0, k5 at 1, then all six at 2-7: k5 is stored twice.
+    let b = segment(p.id, &ks, -1, 0);
+    let k5_first = segment(p.id, &["k5"], -1, 0);
+    let (k5_id, b_ids) = (k5_first.message_ids[0], b.message_ids.clone());
+    for s in [segment(p.id, &["z"], -1, 0), k5_first, b] {
+        t.db.push_bundle(&[s]).await.unwrap();
+    }
+    set_window(&t, "q", 3600).await;
+    // The first row holding one of k0-k3 is at 2-7 and holds all six, but
+    // the row at 1 holds k5: its first occurrence is there.
+    let out = t.db.push_bundle(&[segment(p.id, &ks, 0, 3600)]).await.unwrap();
+    assert_eq!(out[0].probe, ProbeMode::Narrowed);
+    let got: Vec<(u32, i64, uuid::Uuid)> = out[0].duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect();
+    let mut expected: Vec<(u32, i64, uuid::Uuid)> = (0..5).map(|i| (i, 2 + i64::from(i), b_ids[i as usize])).collect();
+    expected.push((5, 1, k5_id));
+    assert_eq!(got, expected);
+    // Floored above the row at 1, the row at 2-7 answers alone.
+    let out = t.db.push_bundle(&[segment(p.id, &ks, 1, 3600)]).await.unwrap();
+    let got: Vec<(u32, i64)> = out[0].duplicates.iter().map(|d| (d.index, d.offset)).collect();
+    assert_eq!(got, (0..6).map(|i| (i, 2 + i64::from(i))).collect::<Vec<_>>());
 }
 
 #[tokio::test]
