@@ -6,7 +6,7 @@
 //! cargo build --release -p stile -p stile-tests --bin stile --bin load
 //! ./target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] \
 //!     [--sizes 1,10,100] [--warmup 1] [--secs 4] [--retry-percent 10] \
-//!     [--configs warm,native,off,cold] [--rounds 5] [--sync off|on] \
+//!     [--configs warm,native,off,cold] [--rounds 7] [--sync off|on] \
 //!     [--client-threads 1] [--pg-set NAME=VALUE ...]
 //! ```
 //!
@@ -142,7 +142,7 @@ fn parse_args() -> Args {
         secs: 4.0,
         retry_percent: 10,
         configs: vec![Config::Warm, Config::Native, Config::Off, Config::Cold],
-        rounds: 5,
+        rounds: 7,
         sync: false,
         client_threads: 1,
         pg_settings: Vec::new(),
@@ -156,7 +156,7 @@ fn parse_args() -> Args {
         if flag == "--help" || flag == "-h" {
             println!(
                 "load [--conns 32] [--partitions 64] [--prefill 1000000] [--sizes 1,10,100] [--warmup 1] [--secs 4] \
-                 [--retry-percent 10] [--configs warm,native,off,cold] [--rounds 5] [--sync off|on] \
+                 [--retry-percent 10] [--configs warm,native,off,cold] [--rounds 7] [--sync off|on] \
                  [--client-threads 1] [--pg-set NAME=VALUE ...]"
             );
             std::process::exit(0);
