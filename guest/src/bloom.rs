@@ -160,14 +160,14 @@ pub struct Maybe {
 /// the current group is tested, so a flush is one long pipeline of line
 /// fetches instead of one short one per filter, and the fetches sit together
 /// where out-of-order execution can overlap them.
-pub fn maybe_many(filters: &[&Bloom], hashes: &[Hash], maybes: &mut Vec<Maybe>) {
-    assert!(u32::try_from(hashes.len()).is_ok() && u32::try_from(filters.len()).is_ok());
+pub fn maybe_many<'a>(filters: impl IntoIterator<Item = &'a Bloom>, hashes: &[Hash], maybes: &mut Vec<Maybe>) {
     maybes.clear();
     // Each filter's lines and shift, read once per call rather than once per
     // hash: in WebAssembly, where a fetch is a load that holds its place in
     // the core until its line arrives, the fewer instructions between two
     // fetches, the more of them are on their way at once.
-    let tables: Vec<(&[Line], u32)> = filters.iter().map(|f| (&f.lines[..], f.line_shift)).collect();
+    let tables: Vec<(&[Line], u32)> = filters.into_iter().map(|f| (&f.lines[..], f.line_shift)).collect();
+    assert!(u32::try_from(hashes.len()).is_ok() && u32::try_from(tables.len()).is_ok());
     let fetch_group = |group: &[Hash]| {
         for &(lines, shift) in &tables {
             for &hash in group {
@@ -358,7 +358,7 @@ mod tests {
             }
             assert!(inserted.iter().all(|&hash| bloom.may_contain(hash)));
             let mut maybes = Vec::new();
-            maybe_many(&[&bloom], &inserted, &mut maybes);
+            maybe_many([&bloom], &inserted, &mut maybes);
             assert_eq!(maybes.len(), inserted.len());
             assert_eq!(bloom.bytes(), capacity * BITS_PER_HASH / 8);
         }
@@ -387,7 +387,7 @@ mod tests {
         for len in [0, 1, 2, 3, 7, batch.len()] {
             for count in [0, 1, filters.len()] {
                 let mut maybes = vec![Maybe { index: 9, filter: 9 }];
-                maybe_many(&filters[..count], &batch[..len], &mut maybes);
+                maybe_many(filters[..count].iter().copied(), &batch[..len], &mut maybes);
                 let expected: Vec<Maybe> = (0..len as u32)
                     .flat_map(|index| (0..count as u32).map(move |filter| Maybe { index, filter }))
                     .filter(|m| filters[m.filter as usize].may_contain(batch[m.index as usize]))
@@ -437,7 +437,7 @@ mod tests {
         let start = std::time::Instant::now();
         let mut total = 0;
         for chunk in probes.chunks(batch) {
-            maybe_many(&filters, chunk, &mut maybes);
+            maybe_many(filters.iter().copied(), chunk, &mut maybes);
             total += maybes.len();
         }
         let elapsed = start.elapsed();

@@ -27,7 +27,7 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use crate::api::{Millis, NO_VOUCH, Offset};
-use crate::bloom::{self, Bloom, Maybe, TIERS};
+use crate::bloom::{self, Maybe, TIERS};
 use crate::hash::Hash;
 use generation::Generation;
 
@@ -187,8 +187,7 @@ impl Ring {
         hit_words.clear();
         hit_words.resize(hashes.len().div_ceil(64), 0);
         // Newest first: a retry usually repeats something recent.
-        let filters: Vec<&Bloom> = self.generations.iter().rev().map(Generation::bloom).collect();
-        bloom::maybe_many(&filters, hashes, maybes);
+        bloom::maybe_many(self.generations.iter().rev().map(Generation::bloom), hashes, maybes);
         // The hot buffers are checked at once (they are in cache); the
         // sealed blocks are searched together, so that their cache misses
         // overlap.
