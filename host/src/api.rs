@@ -4,7 +4,11 @@
 //! input is refused with a 4xx naming the field (and the item's index) and
 //! nothing of that request is written.
 
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+
+pub use crate::payload::Payload;
 
 /// The longest `transactionId` accepted, in UTF-8 bytes.
 pub const MAX_TRANSACTION_ID_BYTES: usize = 65_535;
@@ -39,22 +43,28 @@ pub struct PushItem {
     pub queue: String,
     pub partition: String,
     /// Stored as sent; `null` when the item has none.
-    pub payload: Value,
+    pub payload: Payload,
     /// `None` when the producer sent none: the gateway then uses the message id.
     pub transaction_id: Option<String>,
 }
 
 /// Parses and validates a `POST /api/v1/push` body.
+///
+/// The body is read as raw JSON values first (validated, not built), and only
+/// the fields the gateway needs are decoded: a payload is kept as the text the
+/// producer sent (see [`Payload`]).
 pub fn parse_push(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, BadRequest> {
-    let root = parse_json(body)?;
-    let Value::Object(mut root) = root else {
+    let root: &RawValue = parse_json(body)?;
+    if raw_type_name(root) != OBJECT {
         return Err(BadRequest::new("body: expected a JSON object with an \"items\" array"));
-    };
-    let items = match root.remove("items") {
-        Some(Value::Array(items)) => items,
-        Some(other) => return Err(BadRequest::new(format!("items: expected an array, got {}", type_name(&other)))),
+    }
+    let root: RawPush<'_> = fields("body", root)?;
+    let items = match root.items {
+        Some(items) if raw_type_name(items) == ARRAY => items,
+        Some(other) => return Err(BadRequest::new(format!("items: expected an array, got {}", raw_type_name(other)))),
         None => return Err(BadRequest::new("items: missing")),
     };
+    let items: Vec<&RawValue> = fields("items", items)?;
     if items.is_empty() {
         return Err(BadRequest::new("items: must not be empty"));
     }
@@ -64,27 +74,59 @@ pub fn parse_push(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, BadReq
     items.into_iter().enumerate().map(|(index, item)| parse_item(index, item)).collect()
 }
 
-fn parse_item(index: usize, item: Value) -> Result<PushItem, BadRequest> {
-    let Value::Object(mut item) = item else {
-        return Err(BadRequest::new(format!("items[{index}]: expected an object, got {}", type_name(&item))));
-    };
+/// The fields of a push body the API reads, each as raw JSON: `None` when
+/// absent (a JSON `null` is a value here, so that it can be refused by name).
+#[derive(Deserialize)]
+struct RawPush<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    items: Option<&'a RawValue>,
+}
+
+/// The fields of a push item the API reads; others are ignored.
+#[derive(Deserialize)]
+struct RawItem<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    queue: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    partition: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present", rename = "transactionId")]
+    transaction_id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    payload: Option<&'a RawValue>,
+}
+
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(deserializer).map(Some)
+}
+
+/// Decodes `raw`, whose JSON type the caller has checked, as `T`; what can
+/// still fail (a field given twice) is refused naming `field`.
+fn fields<'a, T: Deserialize<'a>>(field: &str, raw: &'a RawValue) -> Result<T, BadRequest> {
+    serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: {error}")))
+}
+
+fn parse_item(index: usize, item: &RawValue) -> Result<PushItem, BadRequest> {
+    if raw_type_name(item) != OBJECT {
+        return Err(BadRequest::new(format!("items[{index}]: expected an object, got {}", raw_type_name(item))));
+    }
     let field = |name: &str| format!("items[{index}].{name}");
-    let queue = match item.remove("queue") {
-        Some(value) => name_value(&field("queue"), value)?,
+    let item: RawItem<'_> = fields(&format!("items[{index}]"), item)?;
+    let queue = match item.queue {
+        Some(raw) => raw_name(&field("queue"), raw)?,
         None => return Err(BadRequest::new(format!("{}: missing", field("queue")))),
     };
-    let partition = match item.remove("partition") {
-        None | Some(Value::Null) => DEFAULT_PARTITION.to_owned(),
-        Some(value) => name_value(&field("partition"), value)?,
+    let partition = match item.partition {
+        Some(raw) if raw_type_name(raw) != NULL => raw_name(&field("partition"), raw)?,
+        _ => DEFAULT_PARTITION.to_owned(),
     };
-    let transaction_id = match item.remove("transactionId") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(id)) => Some(transaction_id(&field("transactionId"), id)?),
-        Some(other) => {
-            return Err(BadRequest::new(format!("{}: expected a string, got {}", field("transactionId"), type_name(&other))));
+    let transaction_id = match item.transaction_id {
+        Some(raw) if raw_type_name(raw) == STRING => Some(transaction_id(&field("transactionId"), decode_string(raw))?),
+        Some(raw) if raw_type_name(raw) != NULL => {
+            return Err(BadRequest::new(format!("{}: expected a string, got {}", field("transactionId"), raw_type_name(raw))));
         }
+        _ => None,
     };
-    let payload = item.remove("payload").unwrap_or(Value::Null);
+    let payload = item.payload.map_or_else(Payload::null, Payload::from_raw);
     Ok(PushItem { queue, partition, payload, transaction_id })
 }
 
@@ -104,6 +146,21 @@ pub fn name_value(field: &str, value: Value) -> Result<String, BadRequest> {
         Value::String(name) => validate_name(field, &name).map(|()| name),
         other => Err(BadRequest::new(format!("{field}: expected a string, got {}", type_name(&other)))),
     }
+}
+
+/// Validates a queue or partition name given as raw JSON.
+fn raw_name(field: &str, raw: &RawValue) -> Result<String, BadRequest> {
+    if raw_type_name(raw) != STRING {
+        return Err(BadRequest::new(format!("{field}: expected a string, got {}", raw_type_name(raw))));
+    }
+    let name = decode_string(raw);
+    validate_name(field, &name).map(|()| name)
+}
+
+/// The string a raw JSON string holds.
+fn decode_string(raw: &RawValue) -> String {
+    debug_assert_eq!(raw_type_name(raw), STRING);
+    serde_json::from_str(raw.get()).expect("serde_json validated this string")
 }
 
 /// Queue and partition names: non-empty, at most 255 bytes, no control
@@ -172,7 +229,7 @@ pub fn parse_configure(body: &[u8]) -> Result<ConfigureRequest, BadRequest> {
     Ok(ConfigureRequest { queue, options, mode })
 }
 
-fn parse_json(body: &[u8]) -> Result<Value, BadRequest> {
+fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BadRequest> {
     serde_json::from_slice(body).map_err(|error| {
         if error.is_eof() {
             BadRequest::new(format!("body: truncated JSON ({error})"))
@@ -182,15 +239,33 @@ fn parse_json(body: &[u8]) -> Result<Value, BadRequest> {
     })
 }
 
+const NULL: &str = "null";
+const STRING: &str = "a string";
+const ARRAY: &str = "an array";
+const OBJECT: &str = "an object";
+
+/// A raw value's JSON type, for error messages, from its first byte (a raw
+/// value starts at its first character, never at whitespace).
+fn raw_type_name(raw: &RawValue) -> &'static str {
+    match raw.get().as_bytes().first() {
+        Some(b'{') => OBJECT,
+        Some(b'[') => ARRAY,
+        Some(b'"') => STRING,
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => NULL,
+        _ => "a number",
+    }
+}
+
 /// A value's JSON type, for error messages.
 pub fn type_name(value: &Value) -> &'static str {
     match value {
-        Value::Null => "null",
+        Value::Null => NULL,
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+        Value::String(_) => STRING,
+        Value::Array(_) => ARRAY,
+        Value::Object(_) => OBJECT,
     }
 }
 
@@ -207,7 +282,12 @@ mod tests {
         let items = push(r#"{"items":[{"queue":"q"}]}"#).unwrap();
         assert_eq!(
             items,
-            vec![PushItem { queue: "q".into(), partition: DEFAULT_PARTITION.into(), payload: Value::Null, transaction_id: None }]
+            vec![PushItem {
+                queue: "q".into(),
+                partition: DEFAULT_PARTITION.into(),
+                payload: Payload::null(),
+                transaction_id: None
+            }]
         );
     }
 
@@ -228,6 +308,39 @@ mod tests {
             (r#"[]"#, "body: expected a JSON object"),
             (r#"{"items":[{"queue":"q""#, "body: truncated JSON"),
             (r#"{"items":[{"queue":q}]}"#, "body: malformed JSON"),
+        ];
+        for (body, expected) in cases {
+            let error = push(body).unwrap_err();
+            assert_eq!(error.status, 400, "{body}");
+            assert!(error.message.starts_with(expected), "{body}: {}", error.message);
+        }
+    }
+
+    #[test]
+    fn payloads_are_kept_as_sent_and_other_fields_decoded() {
+        let body = r#"{"items":[
+            {"queue":"q","partition":"p\u0031","transactionId":"t\"1","payload": {"n": 123456789012345678901234567890, "s": "\u00e9" }},
+            {"queue":"q","payload":null,"extra":[1,2]},
+            {"queue":"q","partition":null,"transactionId":null,"payload":[ 1 , 2 ]}
+        ]}"#;
+        let items = push(body).unwrap();
+        assert_eq!(items[0].partition, "p1");
+        assert_eq!(items[0].transaction_id.as_deref(), Some("t\"1"));
+        assert_eq!(items[0].payload.get(), r#"{"n": 123456789012345678901234567890, "s": "\u00e9" }"#);
+        assert_eq!(items[1].payload, Payload::null());
+        assert_eq!((items[2].partition.as_str(), items[2].transaction_id.as_deref()), (DEFAULT_PARTITION, None));
+        assert_eq!(items[2].payload.get(), "[ 1 , 2 ]");
+    }
+
+    #[test]
+    fn null_names_and_repeated_fields_are_refused_by_name() {
+        let cases = [
+            (r#"{"items":[{"queue":null}]}"#, "items[0].queue: expected a string, got null"),
+            (r#"{"items":[{"queue":"q"},{"queue":"q","queue":"r"}]}"#, "items[1]: duplicate field `queue`"),
+            (r#"{"items":[{"queue":"q","transactionId":[]}]}"#, "items[0].transactionId: expected a string, got an array"),
+            (r#"{"items":[{"queue":"q","partition":true}]}"#, "items[0].partition: expected a string, got a boolean"),
+            (r#"{"items":"x"}"#, "items: expected an array, got a string"),
+            (r#"  7 "#, "body: expected a JSON object"),
         ];
         for (body, expected) in cases {
             let error = push(body).unwrap_err();

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use serde_json::Value;
+use crate::payload::Payload;
 use uuid::Uuid;
 
 /// A message as the shard pushes it: a layer-1 leader of its request.
@@ -16,7 +16,7 @@ pub struct Message {
     pub message_id: Uuid,
     pub transaction_id: String,
     pub hash: [u8; 16],
-    pub payload: Value,
+    pub payload: Payload,
 }
 
 /// Where one slot's result must be delivered: a request and the position of
@@ -147,7 +147,7 @@ mod tests {
             message_id: Uuid::now_v7(),
             transaction_id: id.to_owned(),
             hash: crate::hash::txn_hash(id),
-            payload: Value::Null,
+            payload: Payload::null(),
         }
     }
 

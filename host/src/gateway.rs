@@ -189,10 +189,15 @@ impl RequestPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
+    use crate::payload::Payload;
 
     fn item(queue: &str, partition: &str, id: Option<&str>) -> PushItem {
-        PushItem { queue: queue.into(), partition: partition.into(), payload: Value::Null, transaction_id: id.map(Into::into) }
+        PushItem {
+            queue: queue.into(),
+            partition: partition.into(),
+            payload: Payload::null(),
+            transaction_id: id.map(Into::into),
+        }
     }
 
     #[test]

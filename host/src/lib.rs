@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod hash;
 pub mod http;
 pub mod metrics;
+pub mod payload;
 pub mod server;
 pub mod shard;
 pub mod wasm;

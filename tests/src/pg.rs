@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use stile::db::{Db, DbError, config_to_url, pg_config};
+use stile::payload::Payload;
 
 /// The environment variable naming the server tests create databases on.
 pub const URL_VAR: &str = "STILE_TEST_DATABASE_URL";
@@ -148,7 +149,7 @@ pub fn segment(
         hashes: transaction_ids.iter().flat_map(|t| stile::hash::txn_hash(t)).collect(),
         message_ids: transaction_ids.iter().map(|_| uuid::Uuid::now_v7()).collect(),
         transaction_ids: transaction_ids.iter().map(|t| t.to_string()).collect(),
-        payloads: transaction_ids.iter().map(|t| serde_json::json!({ "txn": t })).collect(),
+        payloads: transaction_ids.iter().map(|t| Payload::from(&serde_json::json!({ "txn": t }))).collect(),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use serde_json::{Map, json};
 use stile::db::{ConfigureMode, Duplicate, MessageOutcome, ProbeMode, SegmentOutcome};
+use stile::payload::Payload;
 use stile_tests::pg::{TestDb, partition_state, segment};
 
 /// A segment stored whole: its base offset and the probe.
@@ -295,7 +296,7 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
                     &retry.hashes,
                     &retry.message_ids,
                     &retry.transaction_ids,
-                    &retry.payloads,
+                    &retry.payloads.iter().map(Payload::to_sql).collect::<Vec<_>>(),
                 ],
             )
             .await

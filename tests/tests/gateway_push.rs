@@ -64,6 +64,26 @@ async fn a_retried_push_answers_duplicate_with_the_original_and_appends_nothing(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_are_stored_as_the_text_sent() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut client = gw.client().await;
+    // Spacing, key order, a number no float holds and an escape: what a
+    // decoded tree would have normalised.
+    let payload = r#"{ "z": 123456789012345678901234567890, "a": [1.50, "\u00e9"] }"#;
+    let body = format!(r#"{{"items":[{{"queue":"raw","transactionId":"r-1","payload":{payload}}},{{"queue":"raw"}}]}}"#);
+    let reply = client.post("/api/v1/push", body).await;
+    assert_eq!(reply.status, 201, "{}", reply.text());
+    let c = t.client().await;
+    let stored: Vec<Option<String>> = c
+        .query_one("SELECT s.payloads::text[] FROM stile.segments s JOIN stile.partitions p ON p.id = s.partition_id WHERE p.queue = 'raw'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, [Some(payload.to_owned()), Some("null".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_mixing_stored_and_new_ids_stores_the_new_ones_in_order_in_one_segment() {
     let t = fresh_database().await;
     let gw = Gateway::start(&t.url()).await;

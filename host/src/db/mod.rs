@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio_postgres::types::Json;
 use uuid::Uuid;
 
+use crate::payload::Payload;
 pub use error::{ConfigureError, DbError};
 pub use migrate::{MIGRATIONS, Migration};
 pub use url::{config_to_url, pg_config};
@@ -66,9 +68,8 @@ pub struct SegmentPush {
     pub message_ids: Vec<Uuid>,
     /// The messages' transactionIds.
     pub transaction_ids: Vec<String>,
-    /// The messages' payloads, stored as `json` (validated, otherwise as
-    /// serialised here).
-    pub payloads: Vec<Value>,
+    /// The messages' payloads, stored as `json`, as sent.
+    pub payloads: Vec<Payload>,
 }
 
 impl SegmentPush {
@@ -355,7 +356,7 @@ impl Db {
         let mut planned = Vec::with_capacity(segments.len());
         let mut counts = Vec::with_capacity(segments.len());
         let mut hashes: Vec<&[u8]> = Vec::with_capacity(segments.len());
-        let mut payloads: Vec<&Value> = Vec::with_capacity(total);
+        let mut payloads: Vec<Json<&RawValue>> = Vec::with_capacity(total);
         let mut message_ids: Vec<Uuid> = Vec::with_capacity(total);
         let mut transaction_ids: Vec<&str> = Vec::with_capacity(total);
         for (i, s) in segments.iter().enumerate() {
@@ -375,7 +376,7 @@ impl Db {
             planned.push(s.planned_window_seconds);
             counts.push(n);
             hashes.push(&s.hashes);
-            payloads.extend(s.payloads.iter());
+            payloads.extend(s.payloads.iter().map(Payload::to_sql));
             message_ids.extend_from_slice(&s.message_ids);
             transaction_ids.extend(s.transaction_ids.iter().map(String::as_str));
         }

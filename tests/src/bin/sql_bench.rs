@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use stile::db::{ConfigureMode, Db, ProbeMode, SegmentOutcome, SegmentPush};
+use stile::payload::Payload;
 use stile_tests::cpu::cpu_seconds;
 use stile_tests::pg::{TestDb, connect};
 
@@ -244,7 +245,7 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
                 hashes: vec![0; 16 * size],
                 message_ids: vec![uuid::Uuid::nil(); size],
                 transaction_ids: vec![String::new(); size],
-                payloads: (0..size as u64).map(payload).collect(),
+                payloads: (0..size as u64).map(|n| Payload::from(&payload(n))).collect(),
             };
             while Instant::now() < deadline {
                 s.p_verified = if matches!(mode, Mode::Vouched | Mode::Retry) { last } else { -1 };
