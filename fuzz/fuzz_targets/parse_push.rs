@@ -3,8 +3,9 @@
 //! of 1 to 255 bytes without control characters; a transactionId, when
 //! given, of 1 to 65,535 bytes.
 //!
-//! The parser is `host/src/api.rs`, compiled here as a module of its own (it
-//! depends on serde_json and thiserror only), so that the instrumented build
+//! The parser is `host/src/api.rs` (with `host/src/payload.rs`), compiled
+//! here as modules of their own (they depend on serde, serde_json and
+//! thiserror only), so that the instrumented build
 //! does not have to build wasmtime and the component for the `stile` crate
 //! around it: the code under test is the same file.
 //!
@@ -19,6 +20,9 @@ use libfuzzer_sys::fuzz_target;
 #[allow(dead_code, clippy::all)]
 #[path = "../../host/src/api.rs"]
 mod api;
+#[allow(dead_code, clippy::all)]
+#[path = "../../host/src/payload.rs"]
+mod payload;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, body)) = data.split_first() else { return };
@@ -62,6 +66,9 @@ fuzz_target!(|data: &[u8]| {
             for (sent, item) in sent.iter().zip(&items) {
                 assert_eq!(sent["queue"].as_str(), Some(item.queue.as_str()));
                 assert_eq!(sent.get("transactionId").and_then(|t| t.as_str()), item.transaction_id.as_deref());
+                // The payload is kept as text that means what was sent.
+                let payload: serde_json::Value = serde_json::from_str(item.payload.get()).expect("a payload is JSON");
+                assert_eq!(&payload, sent.get("payload").unwrap_or(&serde_json::Value::Null));
             }
         }
         Err(bad) => {

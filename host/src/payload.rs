@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use serde_json::value::RawValue;
-use tokio_postgres::types::Json;
 
 /// A validated JSON value, as text.
 #[derive(Clone)]
@@ -36,9 +35,10 @@ impl Payload {
         self.0.get()
     }
 
-    /// What binds it to a `json` parameter: the text, written as is.
-    pub fn to_sql(&self) -> Json<&RawValue> {
-        Json(&self.0)
+    /// The validated value, which serialises as its text, unchanged (bound
+    /// to a `json` parameter as `Json(payload.raw())`).
+    pub fn raw(&self) -> &RawValue {
+        &self.0
     }
 }
 

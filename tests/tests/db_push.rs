@@ -3,8 +3,8 @@
 
 use serde_json::{Map, json};
 use stile::db::{ConfigureMode, Duplicate, MessageOutcome, ProbeMode, SegmentOutcome};
-use stile::payload::Payload;
 use stile_tests::pg::{TestDb, partition_state, segment};
+use tokio_postgres::types::Json;
 
 /// A segment stored whole: its base offset and the probe.
 fn committed(outcome: &SegmentOutcome) -> (i64, ProbeMode) {
@@ -296,7 +296,7 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
                     &retry.hashes,
                     &retry.message_ids,
                     &retry.transaction_ids,
-                    &retry.payloads.iter().map(Payload::to_sql).collect::<Vec<_>>(),
+                    &retry.payloads.iter().map(|payload| Json(payload.raw())).collect::<Vec<_>>(),
                 ],
             )
             .await

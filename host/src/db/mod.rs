@@ -376,7 +376,7 @@ impl Db {
             planned.push(s.planned_window_seconds);
             counts.push(n);
             hashes.push(&s.hashes);
-            payloads.extend(s.payloads.iter().map(Payload::to_sql));
+            payloads.extend(s.payloads.iter().map(|payload| Json(payload.raw())));
             message_ids.extend_from_slice(&s.message_ids);
             transaction_ids.extend(s.transaction_ids.iter().map(String::as_str));
         }
