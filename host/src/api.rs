@@ -120,13 +120,21 @@ fn parse_item(index: usize, item: &RawValue) -> Result<PushItem, BadRequest> {
         _ => DEFAULT_PARTITION.to_owned(),
     };
     let transaction_id = match item.transaction_id {
-        Some(raw) if raw_type_name(raw) == STRING => Some(transaction_id(&field("transactionId"), decode_string(raw))?),
+        Some(raw) if raw_type_name(raw) == STRING => {
+            let field = field("transactionId");
+            Some(transaction_id(&field, decode_string(&field, raw)?)?)
+        }
         Some(raw) if raw_type_name(raw) != NULL => {
             return Err(BadRequest::new(format!("{}: expected a string, got {}", field("transactionId"), raw_type_name(raw))));
         }
         _ => None,
     };
-    let payload = item.payload.map_or_else(Payload::null, Payload::from_raw);
+    let payload = match item.payload {
+        None => Payload::null(),
+        Some(raw) => {
+            Payload::checked(raw).map_err(|error| BadRequest::new(format!("{}: malformed JSON ({error})", field("payload"))))?
+        }
+    };
     Ok(PushItem { queue, partition, payload, transaction_id })
 }
 
@@ -153,14 +161,15 @@ fn raw_name(field: &str, raw: &RawValue) -> Result<String, BadRequest> {
     if raw_type_name(raw) != STRING {
         return Err(BadRequest::new(format!("{field}: expected a string, got {}", raw_type_name(raw))));
     }
-    let name = decode_string(raw);
+    let name = decode_string(field, raw)?;
     validate_name(field, &name).map(|()| name)
 }
 
-/// The string a raw JSON string holds.
-fn decode_string(raw: &RawValue) -> String {
+/// The string a raw JSON string holds. Capturing the raw value checked its
+/// syntax only: an escape may still name no character (a lone surrogate).
+fn decode_string(field: &str, raw: &RawValue) -> Result<String, BadRequest> {
     debug_assert_eq!(raw_type_name(raw), STRING);
-    serde_json::from_str(raw.get()).expect("serde_json validated this string")
+    serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: malformed JSON string ({error})")))
 }
 
 /// Queue and partition names: non-empty, at most 255 bytes, no control
@@ -341,6 +350,10 @@ mod tests {
             (r#"{"items":[{"queue":"q","partition":true}]}"#, "items[0].partition: expected a string, got a boolean"),
             (r#"{"items":"x"}"#, "items: expected an array, got a string"),
             (r#"  7 "#, "body: expected a JSON object"),
+            (r#"{"items":[{"queue":"\ud800"}]}"#, "items[0].queue: malformed JSON string"),
+            (r#"{"items":[{"queue":"q","transactionId":"\udfff"}]}"#, "items[0].transactionId: malformed JSON string"),
+            (r#"{"items":[{"queue":"q","payload":{"a":[1e400]}}]}"#, "items[0].payload: malformed JSON (number out of range"),
+            (r#"{"items":[{"queue":"q","payload":"\ud800"}]}"#, "items[0].payload: malformed JSON"),
         ];
         for (body, expected) in cases {
             let error = push(body).unwrap_err();

@@ -19,10 +19,13 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use uuid::Uuid;
 
 use crate::api::{self, BadRequest};
-use crate::db::{ConfigureError, DbError};
+use crate::db::{ConfigureError, DbError, StoredMessage};
 use crate::gateway::{Gateway, PushResult};
 use crate::hash::txn_hash;
 use crate::shard::PushFailure;
@@ -160,8 +163,8 @@ async fn messages(app: &App, request: &Request<Incoming>) -> Result<Reply, Failu
         return Err(BadRequest::new("limit: must be between 1 and 10000").into());
     }
     let stored = app.gateway.db().read_messages(&queue, &partition, from, limit).await?;
-    let messages: Vec<Value> = stored.iter().map(stored_message).collect();
-    Ok(json_reply(StatusCode::OK, &json!({ "queue": queue, "partition": partition, "messages": messages })))
+    let messages: Vec<MessageReply<'_>> = stored.iter().map(MessageReply::from).collect();
+    Ok(json_reply(StatusCode::OK, &MessagesReply { messages, partition: &partition, queue: &queue }))
 }
 
 async fn by_transaction_id(app: &App, request: &Request<Incoming>) -> Result<Reply, Failure> {
@@ -172,19 +175,40 @@ async fn by_transaction_id(app: &App, request: &Request<Incoming>) -> Result<Rep
     };
     let hash = txn_hash(transaction_id);
     match app.gateway.db().message_by_transaction_id(&queue, &partition, hash, transaction_id).await? {
-        Some(message) => Ok(json_reply(StatusCode::OK, &stored_message(&message))),
+        Some(message) => Ok(json_reply(StatusCode::OK, &MessageReply::from(&message))),
         None => Err(Failure::Status(StatusCode::NOT_FOUND, format!("transactionId: no message with it in {queue}/{partition}"))),
     }
 }
 
-fn stored_message(message: &crate::db::StoredMessage) -> Value {
-    json!({
-        "message_id": message.message_id,
-        "transaction_id": message.transaction_id,
-        "offset": message.offset,
-        "created_at": message.created_ms,
-        "payload": message.payload,
-    })
+/// A stored message as the read endpoints answer it. Serialised directly
+/// rather than through a `Value`, so that the payload goes out as the text
+/// stored. (Fields in alphabetical order, as a `Value` would print them.)
+#[derive(Serialize)]
+struct MessageReply<'a> {
+    created_at: i64,
+    message_id: Uuid,
+    offset: i64,
+    payload: &'a RawValue,
+    transaction_id: &'a str,
+}
+
+impl<'a> From<&'a StoredMessage> for MessageReply<'a> {
+    fn from(message: &'a StoredMessage) -> MessageReply<'a> {
+        MessageReply {
+            created_at: message.created_ms,
+            message_id: message.message_id,
+            offset: message.offset,
+            payload: message.payload.raw(),
+            transaction_id: &message.transaction_id,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct MessagesReply<'a> {
+    messages: Vec<MessageReply<'a>>,
+    partition: &'a str,
+    queue: &'a str,
 }
 
 async fn health(app: &App) -> Result<Reply, Failure> {
@@ -240,8 +264,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn json_reply(status: StatusCode, value: &Value) -> Reply {
-    let mut reply = Response::new(Full::new(Bytes::from(value.to_string())));
+fn json_reply(status: StatusCode, value: &impl Serialize) -> Reply {
+    let body = serde_json::to_vec(value).expect("a reply always serialises");
+    let mut reply = Response::new(Full::new(Bytes::from(body)));
     *reply.status_mut() = status;
     reply.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     reply

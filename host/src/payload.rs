@@ -12,6 +12,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -22,12 +23,16 @@ pub struct Payload(Arc<RawValue>);
 impl Payload {
     /// The payload of an item that has none.
     pub fn null() -> Payload {
-        Payload::from_raw(RawValue::NULL)
+        Payload(Arc::from(RawValue::NULL.to_owned()))
     }
 
-    /// A copy of `raw`, which serde_json has already validated.
-    pub fn from_raw(raw: &RawValue) -> Payload {
-        Payload(Arc::from(raw.to_owned()))
+    /// A copy of `raw` once it has passed what a full decode checks: every
+    /// escape names a character (no lone surrogate) and every number fits a
+    /// double. Capturing a raw value checks only the syntax; PostgreSQL's
+    /// `json` would take the rest, but a reader decoding it could not.
+    pub fn checked(raw: &RawValue) -> Result<Payload, serde_json::Error> {
+        serde_json::from_str::<Checked>(raw.get())?;
+        Ok(Payload(Arc::from(raw.to_owned())))
     }
 
     /// The JSON text, as sent.
@@ -39,6 +44,12 @@ impl Payload {
     /// to a `json` parameter as `Json(payload.raw())`).
     pub fn raw(&self) -> &RawValue {
         &self.0
+    }
+}
+
+impl From<Box<RawValue>> for Payload {
+    fn from(raw: Box<RawValue>) -> Payload {
+        Payload(Arc::from(raw))
     }
 }
 
@@ -61,6 +72,60 @@ impl fmt::Debug for Payload {
     }
 }
 
+/// A JSON value walked as a full decode walks it, building nothing: strings
+/// decoded (borrowed where they hold no escape), numbers parsed.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Checked, D::Error> {
+        deserializer.deserialize_any(CheckedVisitor)
+    }
+}
+
+struct CheckedVisitor;
+
+impl<'de> Visitor<'de> for CheckedVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,10 +133,21 @@ mod tests {
     #[test]
     fn the_text_is_kept_as_sent() {
         let raw: &RawValue = serde_json::from_str(r#"{ "b": 1, "a": 123456789012345678901234567890 }"#).unwrap();
-        let payload = Payload::from_raw(raw);
+        let payload = Payload::checked(raw).unwrap();
         assert_eq!(payload.get(), r#"{ "b": 1, "a": 123456789012345678901234567890 }"#);
         assert_eq!(payload.clone(), payload);
         assert_eq!(Payload::null().get(), "null");
         assert_eq!(Payload::from(&serde_json::json!({"x": [1, "y"]})).get(), r#"{"x":[1,"y"]}"#);
+    }
+
+    #[test]
+    fn what_a_full_decode_refuses_is_refused() {
+        for text in [r#"{"a": [1e400]}"#, r#"["\ud800"]"#, r#"{"\udc00": 1}"#, r#"["\ud800\u0041"]"#] {
+            let raw: &RawValue = serde_json::from_str(text).expect("the syntax is fine");
+            assert!(Payload::checked(raw).is_err(), "{text} accepted");
+        }
+        let raw: &RawValue =
+            serde_json::from_str(r#"{"k\u00e9y": ["\ud83d\ude00", -0.0, 18446744073709551616, null, true]}"#).unwrap();
+        assert!(Payload::checked(raw).is_ok());
     }
 }

@@ -3,6 +3,7 @@
 
 use serde_json::{Map, json};
 use stile::db::{ConfigureMode, Duplicate, MessageOutcome, ProbeMode, SegmentOutcome};
+use stile::payload::Payload;
 use stile_tests::pg::{TestDb, partition_state, segment};
 use tokio_postgres::types::Json;
 
@@ -552,7 +553,7 @@ async fn reads_return_what_was_pushed() {
     for (i, m) in all.iter().enumerate() {
         assert_eq!(m.offset, i as i64);
         assert_eq!(m.message_id, ids[i]);
-        assert_eq!(m.payload, json!({ "txn": m.transaction_id }));
+        assert_eq!(m.payload, Payload::from(&json!({ "txn": m.transaction_id })));
     }
     assert_eq!(all[0].created_ms, created_ms);
     assert_eq!(all[4].transaction_id, "e");

@@ -68,8 +68,8 @@ async fn payloads_are_stored_as_the_text_sent() {
     let t = fresh_database().await;
     let gw = Gateway::start(&t.url()).await;
     let mut client = gw.client().await;
-    // Spacing, key order, a number no float holds and an escape: what a
-    // decoded tree would have normalised.
+    // Spacing, key order, an integer no double holds exactly and an escape:
+    // what a decoded tree would have normalised.
     let payload = r#"{ "z": 123456789012345678901234567890, "a": [1.50, "\u00e9"] }"#;
     let body = format!(r#"{{"items":[{{"queue":"raw","transactionId":"r-1","payload":{payload}}},{{"queue":"raw"}}]}}"#);
     let reply = client.post("/api/v1/push", body).await;
@@ -81,6 +81,23 @@ async fn payloads_are_stored_as_the_text_sent() {
         .unwrap()
         .get(0);
     assert_eq!(stored, [Some(payload.to_owned()), Some("null".to_owned())]);
+    // And read back as stored, by both read endpoints.
+    let listed = client.get("/api/v1/messages?queue=raw&partition=Default").await;
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    assert!(listed.text().contains(&format!(r#""payload":{payload}"#)), "{}", listed.text());
+    assert!(listed.text().contains(r#""payload":null"#), "{}", listed.text());
+    let one = client.get("/api/v1/messages/by-transaction-id?queue=raw&partition=Default&transactionId=r-1").await;
+    assert_eq!(one.status, 200, "{}", one.text());
+    assert!(one.text().contains(&format!(r#""payload":{payload}"#)), "{}", one.text());
+    // What no reader could decode is refused by name, and nothing of the
+    // request is written.
+    for bad in [r#"[1e400]"#, r#""\ud800""#] {
+        let body = format!(r#"{{"items":[{{"queue":"raw","transactionId":"r-2"}},{{"queue":"raw","payload":{bad}}}]}}"#);
+        let reply = client.post("/api/v1/push", body).await;
+        assert_eq!(reply.status, 400, "{}", reply.text());
+        assert!(reply.error().starts_with("items[1].payload: malformed JSON"), "{}", reply.error());
+    }
+    assert_eq!(stored_counts(&t, "raw").await, (2, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

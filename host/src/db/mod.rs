@@ -210,7 +210,7 @@ pub struct StoredMessage {
     /// Its transactionId.
     pub transaction_id: String,
     /// Its payload, as sent.
-    pub payload: Value,
+    pub payload: Payload,
     /// When its segment was committed (database clock), in ms since the
     /// epoch, rounded up like the `created_ms` of a committed segment.
     pub created_ms: i64,
@@ -558,7 +558,10 @@ impl Db {
 }
 
 fn stored_message(row: &tokio_postgres::Row) -> Result<StoredMessage, DbError> {
-    let Json(payload): Json<Value> = row.try_get(3)?;
+    // Read as the text stored, like it was written: a payload holds any
+    // JSON (a number past a double's range too), and goes back out as is.
+    let Json(payload): Json<Box<RawValue>> = row.try_get(3)?;
+    let payload = Payload::from(payload);
     Ok(StoredMessage {
         offset: row.try_get(0)?,
         message_id: row.try_get(1)?,
