@@ -8,8 +8,8 @@ use stile::cache::EngineKind;
 use stile::http::HttpConfig;
 use stile::server::{ServeConfig, serve};
 
-/// Every request allocates and frees small buffers (bodies, JSON values,
-/// per-message outcomes) on whichever tokio worker runs it. With glibc's
+/// Every request allocates and frees small buffers (bodies, names,
+/// transactionIds, per-message outcomes) on whichever tokio worker runs it. With glibc's
 /// allocator that churn took about a third of the gateway's CPU at batches
 /// of ten (`malloc_consolidate` and arena locking under `perf`); mimalloc
 /// keeps per-thread free lists and does not pay it.

@@ -23,7 +23,7 @@ pub struct Payload(Arc<RawValue>);
 impl Payload {
     /// The payload of an item that has none.
     pub fn null() -> Payload {
-        Payload(Arc::from(RawValue::NULL.to_owned()))
+        Payload::from(RawValue::NULL.to_owned())
     }
 
     /// A copy of `raw` once it has passed what a full decode checks: every
@@ -32,7 +32,7 @@ impl Payload {
     /// `json` would take the rest, but a reader decoding it could not.
     pub fn checked(raw: &RawValue) -> Result<Payload, serde_json::Error> {
         serde_json::from_str::<Checked>(raw.get())?;
-        Ok(Payload(Arc::from(raw.to_owned())))
+        Ok(Payload::from(raw.to_owned()))
     }
 
     /// The JSON text, as sent.
@@ -55,8 +55,7 @@ impl From<Box<RawValue>> for Payload {
 
 impl From<&Value> for Payload {
     fn from(value: &Value) -> Payload {
-        let raw = serde_json::value::to_raw_value(value).expect("a JSON value always serialises");
-        Payload(Arc::from(raw))
+        Payload::from(serde_json::value::to_raw_value(value).expect("a JSON value always serialises"))
     }
 }
 

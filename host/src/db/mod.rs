@@ -558,8 +558,8 @@ impl Db {
 }
 
 fn stored_message(row: &tokio_postgres::Row) -> Result<StoredMessage, DbError> {
-    // Read as the text stored, like it was written: a payload holds any
-    // JSON (a number past a double's range too), and goes back out as is.
+    // Read as the text stored, like it was written, and answered as is: no
+    // tree is built only to be encoded again.
     let Json(payload): Json<Box<RawValue>> = row.try_get(3)?;
     let payload = Payload::from(payload);
     Ok(StoredMessage {
