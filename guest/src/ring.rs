@@ -54,6 +54,10 @@ pub fn capacity_for(held: usize) -> usize {
 /// them), so less than sixteen times them.
 pub const PROJECTION_LIMIT: usize = 8;
 
+/// How many hashes a full generation keeps its recent run apart for (see
+/// [`Ring::settle_behind`]): as many as that run holds.
+const RECENT_HASHES: usize = run::STEPS_UP_TO_BLOCKS * run::BLOCK;
+
 /// One partition's generations, oldest first.
 #[derive(Debug, Default)]
 pub struct Ring {
@@ -153,6 +157,38 @@ impl Ring {
             offset += now.len() as Offset;
             rest = later;
         }
+        self.settle_behind(hashes.len());
+    }
+
+    /// Settles every full generation that the ring has appended a recent
+    /// run's worth of hashes past ([`Generation::settle`]): until then its
+    /// newest blocks keep their arrival steps, for the retries of what it
+    /// took last; after, an exact check there is one search. The walk back
+    /// stops where the generations were that far behind before the last
+    /// `appended` hashes: those were settled then.
+    fn settle_behind(&mut self, appended: usize) {
+        // The hashes held by the generations newer than the one at hand.
+        let mut past = 0;
+        for generation in self.generations.iter_mut().rev() {
+            if past >= RECENT_HASHES + appended {
+                break;
+            }
+            if past >= RECENT_HASHES && !generation.is_settled() {
+                generation.settle();
+            }
+            past += generation.len();
+        }
+        debug_assert!(self.all_behind_settled());
+    }
+
+    /// Whether every generation a recent run's worth behind is settled.
+    fn all_behind_settled(&self) -> bool {
+        let mut past = 0;
+        self.generations.iter().rev().all(|generation| {
+            let settled = past < RECENT_HASHES || generation.is_settled();
+            past += generation.len();
+            settled
+        })
     }
 
     /// Drops generations from the front while their newest hash was created
@@ -359,6 +395,37 @@ mod tests {
         // A batch's floor is its lowest hit's, whatever the order.
         let found = ring.find(&[held[newest], hashes(9, 1)[0], held[5]], &mut scratch, &mut hits);
         assert_eq!((hits.as_slice(), found.floor), ([0, 2].as_slice(), 1_000));
+    }
+
+    #[test]
+    fn a_full_generation_settles_once_a_recent_run_has_been_appended_past_it() {
+        let mut ring = Ring::default();
+        let all = hashes(12, TIERS[2] + RECENT_HASHES + 1);
+        let mut offset = 0;
+        // Sized for a large window: 262,144-hash generations.
+        let mut append = |ring: &mut Ring, hashes: &[Hash]| {
+            ring.append_sized(offset, 0, hashes, 4 * TIERS[2]);
+            offset += hashes.len() as Offset;
+        };
+        append(&mut ring, &all[..TIERS[2]]);
+        assert_eq!(ring.generation_count(), 1);
+        assert!(!ring.generations[0].is_settled(), "just filled: its newest blocks keep their steps");
+        // A retry of the full generation's last hash, before it settles:
+        // floored within an 8-block run's arrival step.
+        let mut hits = Vec::new();
+        let last = TIERS[2] - 1;
+        let found = ring.find(&[all[last]], &mut Scratch::default(), &mut hits);
+        assert!(hits == [0] && last as Offset - found.floor < 128, "{found:?}");
+        for commit in all[TIERS[2]..TIERS[2] + RECENT_HASHES - 1].chunks(1_000) {
+            append(&mut ring, commit);
+            assert!(!ring.generations[0].is_settled());
+        }
+        append(&mut ring, &all[TIERS[2] + RECENT_HASHES - 1..TIERS[2] + RECENT_HASHES]);
+        assert!(ring.generations[0].is_settled(), "a recent run's worth later");
+        assert_eq!(ring.find(&all, &mut Scratch::default(), &mut hits).floor, 0);
+        assert_eq!(hits.len(), all.len() - 1);
+        append(&mut ring, &all[all.len() - 1..]);
+        assert!(ring.all_behind_settled());
     }
 
     #[test]

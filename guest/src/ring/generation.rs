@@ -5,9 +5,14 @@
 //! sealed blocks. The hot buffer grows by doubling up to exactly one block and
 //! is sealed the instant it is full: sorted in place and handed to a new run
 //! as is, without a copy. Runs merge binary-counter style (two runs of equal
-//! block count become one), so a generation holds at most log2(blocks) + 1
-//! runs and, because capacities are powers of two of blocks, a full
-//! generation is exactly one run.
+//! block count become one), with one exception that keeps a retry's floor
+//! close: the newest complete run of [`STEPS_UP_TO_BLOCKS`] blocks, the
+//! largest that keeps arrival steps, stays apart until the next one is
+//! complete, and only then joins the counter of the larger runs. So the
+//! newest 8 to 15 sealed blocks always keep their steps, a generation holds
+//! at most log2(blocks) + 2 runs, and a full one holds a chain of runs that
+//! [`Generation::settle`] merges into exactly one (capacities are powers of
+//! two of blocks) once its ring has moved on by a recent run's worth.
 //!
 //! While the hot buffer fills, each completed chunk of [`CHUNK`] hashes is
 //! sorted in place, so an exact lookup binary-searches the chunks and scans
@@ -26,7 +31,7 @@
 
 use alloc::vec::Vec;
 
-use super::run::{BLOCK, Run, RunHit};
+use super::run::{BLOCK, Run, RunHit, STEPS_UP_TO_BLOCKS};
 use super::search::Search;
 use super::sort;
 use crate::api::{Millis, NO_VOUCH, Offset};
@@ -63,7 +68,9 @@ pub struct Generation {
     /// in the chunk at which `hot[c * CHUNK + j]` arrived (the chunk is
     /// sorted stably, so among equal hashes the first is the oldest).
     hot_arrival: Vec<u8>,
-    /// Block counts strictly decrease front to back.
+    /// Block counts decrease front to back, but for a recent run of
+    /// [`STEPS_UP_TO_BLOCKS`] blocks kept apart behind one of its size (see
+    /// the module's doc).
     runs: Vec<Run>,
     len: usize,
     min_offset: Offset,
@@ -162,7 +169,25 @@ impl Generation {
         }
         self.len += hashes.len();
         debug_assert_eq!(self.len, self.hot.len() + self.runs.iter().map(Run::len).sum::<usize>());
-        debug_assert!(self.len < self.capacity() || (self.hot.is_empty() && self.runs.len() == 1));
+        debug_assert!(self.len < self.capacity() || self.hot.is_empty());
+    }
+
+    /// Whether the exact hashes are at most one run: always true of an
+    /// empty generation, and of a full one once [`Generation::settle`]d.
+    pub fn is_settled(&self) -> bool {
+        self.hot.is_empty() && self.runs.len() <= 1
+    }
+
+    /// Merges a full generation's runs into one, so that an exact check
+    /// there is one search. The counter's runs and the recent run kept
+    /// apart form a chain of equal pairs from the back (`capacity - 8`
+    /// blocks in powers of two from 8 blocks up, then 8 more), so every
+    /// merge is of equal runs.
+    pub fn settle(&mut self) {
+        assert_eq!(self.room(), 0, "only a full generation settles");
+        debug_assert!(self.hot.is_empty());
+        self.merge_equal_tail(usize::MAX);
+        assert_eq!(self.runs.len(), 1, "a full generation settles into one run");
     }
 
     /// The filter in front of the exact hashes.
@@ -224,7 +249,7 @@ impl Generation {
     }
 
     /// Turns the full hot buffer into a run of one block and carries the
-    /// binary counter.
+    /// runs' counter (see the module's doc).
     fn seal(&mut self) {
         let mut block = core::mem::take(&mut self.hot);
         assert_eq!(block.len(), BLOCK);
@@ -239,14 +264,32 @@ impl Generation {
         self.hot_from = NO_VOUCH;
         // Kept for the next block: it would grow back to the same size.
         self.hot_arrival.clear();
+        self.merge_equal_tail(STEPS_UP_TO_BLOCKS);
+        if self.runs.last().is_some_and(|newest| newest.block_count() == STEPS_UP_TO_BLOCKS) {
+            // A recent run just completed: the one it replaces (if any)
+            // joins the counter of larger runs, and it stays apart.
+            let recent = self.runs.pop().expect("just seen");
+            self.merge_equal_tail(usize::MAX);
+            self.runs.push(recent);
+        }
+        // Block counts decrease front to back, but for the recent run and
+        // the counter's smallest, which may both have 8 blocks.
+        debug_assert!(self.runs.windows(2).filter(|w| w[0].block_count() <= w[1].block_count()).count() <= 1);
+        debug_assert!(self.runs.windows(2).all(|w| w[0].block_count() > w[1].block_count()
+            || (w[0].block_count() == STEPS_UP_TO_BLOCKS && w[1].block_count() == STEPS_UP_TO_BLOCKS)));
+    }
+
+    /// Merges the newest two runs while they have equal block counts and
+    /// would make a run of at most `up_to` blocks.
+    fn merge_equal_tail(&mut self, up_to: usize) {
         while let [.., older, newer] = self.runs.as_slice()
             && older.block_count() == newer.block_count()
+            && older.block_count() * 2 <= up_to
         {
             let newer = self.runs.pop().expect("two runs");
             let older = self.runs.pop().expect("two runs");
             self.runs.push(Run::merge(older, newer));
         }
-        debug_assert!(self.runs.windows(2).all(|w| w[0].block_count() > w[1].block_count()));
     }
 
     /// If the hot buffer holds the hash, the offset its oldest occurrence
@@ -367,6 +410,40 @@ mod tests {
         generation.append(100_000, 0, &hashes(14, 3));
         assert_eq!(floor_of(&generation, all[in_tail]), 50 + BLOCK as Offset);
         assert_eq!(floor_of(&generation, hashes(14, 3)[2]), 50 + BLOCK as Offset);
+    }
+
+    /// A retry repeats something committed shortly before; wherever the
+    /// counter has merged it to, its floor stays within an arrival step.
+    #[test]
+    fn the_newest_sealed_blocks_keep_their_arrival_steps_at_every_fill_level() {
+        let capacity = TIERS[2];
+        let all = hashes(16, capacity);
+        let mut generation = Generation::new(capacity);
+        let recent = STEPS_UP_TO_BLOCKS * BLOCK;
+        let mut offset: Offset = 1_000;
+        for segment in all.chunks(3_001) {
+            generation.append(offset, 0, segment);
+            offset += segment.len() as Offset;
+            let held = generation.len();
+            let sealed = held / BLOCK * BLOCK;
+            for position in (sealed.saturating_sub(recent)..sealed).step_by(997) {
+                let committed = 1_000 + position as Offset;
+                let floor = floor_of(&generation, all[position]);
+                // An 8-block run's step: 128 arrivals.
+                assert!(floor <= committed && committed - floor < 128, "{held} held, {committed}: {floor}");
+            }
+            assert!(generation.runs.len() <= (capacity / BLOCK).trailing_zeros() as usize + 2, "{held} held");
+        }
+        assert_eq!(generation.room(), 0);
+        assert!(generation.runs.len() > 1 && !generation.is_settled(), "the recent run is kept apart");
+        let counts: Vec<usize> = generation.runs.iter().map(Run::block_count).collect();
+        assert_eq!(counts, [32, 16, 8, 8]);
+        generation.settle();
+        assert!(generation.is_settled());
+        assert!(all.iter().step_by(101).all(|&hash| generation.contains(hash)));
+        assert!(hashes(17, 300).iter().all(|&hash| !generation.contains(hash)));
+        // Settled, a hit floors at the generation's first offset.
+        assert_eq!(floor_of(&generation, all[capacity - 1]), 1_000);
     }
 
     #[test]
