@@ -158,6 +158,8 @@ DECLARE
     v_first_base bigint;   -- the row tried alone first
     v_first_hashes bytea;
     v_at integer;          -- a hash's byte position in that row, from 0
+    v_run integer;         -- the segment's first hash's place in that row when
+                           -- the segment is a run of it, else -1
     v_row_mids uuid[];     -- that row's message ids
     v_settings text;       -- what set_config answered (unused)
 BEGIN
@@ -329,7 +331,27 @@ BEGIN
                         END IF;
                     END IF;
                     IF v_first_base IS NOT NULL THEN
-                        IF v_count <= 16 THEN
+                        -- The whole segment as one run of the row's hashes,
+                        -- at a hash boundary: a retry of a push stored as
+                        -- sent, the usual case, found by one byte search. A
+                        -- row's hashes are distinct (so are every segment's),
+                        -- so each hash occurs there only at its place in
+                        -- the run.
+                        v_at := position(v_hashes IN v_first_hashes) - 1;
+                        v_run := CASE WHEN v_at >= 0 AND v_at % 16 = 0 THEN v_at / 16 ELSE -1 END;
+                        IF v_run >= 0 AND v_count <= 16 THEN
+                            -- (Expressions, no statement, as below.)
+                            v_idx := '{}';
+                            v_off := '{}';
+                            FOR j IN 0 .. v_count - 1 LOOP
+                                v_idx := v_idx || j;
+                                v_off := v_off || (v_first_base + v_run + j);
+                            END LOOP;
+                        ELSIF v_run >= 0 THEN
+                            SELECT array_agg(j ORDER BY j), array_agg(v_first_base + v_run + j ORDER BY j)
+                              INTO v_idx, v_off
+                              FROM generate_series(0, v_count - 1) AS j;
+                        ELSIF v_count <= 16 THEN
                             -- Each hash's first occurrence in the row by a
                             -- byte search, a few PL/pgSQL expressions each
                             -- (no statement to execute: at 10 hashes half
@@ -361,7 +383,12 @@ BEGIN
                             SELECT s.message_ids INTO v_row_mids
                               FROM stile.segments s
                              WHERE s.partition_id = v_pid AND s.base_offset = v_first_base;
-                            IF v_count <= 16 THEN
+                            IF v_run >= 0 THEN
+                                v_mid := v_row_mids[v_run + 1 : v_run + v_count];
+                                IF v_row_mids IS NULL THEN
+                                    v_mid := array_fill(NULL::uuid, ARRAY[v_count]);
+                                END IF;
+                            ELSIF v_count <= 16 THEN
                                 v_mid := array_fill(NULL::uuid, ARRAY[v_count]);
                                 FOR j IN 1 .. v_count LOOP
                                     v_mid[j] := v_row_mids[(v_off[j] - v_first_base + 1)::integer];

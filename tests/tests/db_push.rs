@@ -201,6 +201,40 @@ async fn a_narrowed_retry_is_answered_from_the_first_row_of_its_span_when_it_hol
     assert_eq!(named(&out[0]), vec![(0, 6, ids_xy[0]), (1, 7, ids_xy[1])]);
 }
 
+/// A retry of a push stored as sent is one run of its row's hashes, found by
+/// one byte search, at the row's start or inside it (pushes coalesced into
+/// one segment), short or long; the ids are the row's, in order.
+#[tokio::test]
+async fn a_retry_that_is_a_run_of_its_row_is_answered_from_that_row() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let names: Vec<String> = (0..60).map(|i| format!("m{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let row = segment(p.id, &names, -1, 3600);
+    let row_ids = row.message_ids.clone();
+    t.db.push_bundle(&[segment(p.id, &["before"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(&[row]).await.unwrap();
+    t.db.push_bundle(&[segment(p.id, &["after"], -1, 3600)]).await.unwrap();
+    // The row holds offsets 1 to 60.
+    let answer = |out: &SegmentOutcome| out.duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect::<Vec<_>>();
+    for (from, len) in [(0, 60), (0, 1), (0, 10), (7, 1), (7, 10), (20, 17), (23, 37), (59, 1)] {
+        let retry = segment(p.id, &names[from..from + len], 0, 3600);
+        let out = t.db.push_bundle(&[retry]).await.unwrap();
+        assert_eq!((out[0].probe, stored_at(&out[0])), (ProbeMode::Narrowed, None), "{from}+{len}");
+        let expected: Vec<(u32, i64, uuid::Uuid)> =
+            (0..len).map(|j| (j as u32, 1 + (from + j) as i64, row_ids[from + j])).collect();
+        assert_eq!(answer(&out[0]), expected, "{from}+{len}");
+    }
+    // Its messages removed by retention, the ids are unknown, the offsets not.
+    let c = t.client().await;
+    c.execute("DELETE FROM stile.segments WHERE partition_id = $1 AND base_offset = 1", &[&p.id]).await.unwrap();
+    let out = t.db.push_bundle(&[segment(p.id, &names[3..30], 0, 3600)]).await.unwrap();
+    let expected: Vec<(u32, i64, uuid::Uuid)> = (0..27).map(|j| (j as u32, 4 + j as i64, uuid::Uuid::nil())).collect();
+    assert_eq!(answer(&out[0]), expected);
+    let (last_offset, _, _, txns_rows) = partition_state(&c, p.id).await;
+    assert_eq!((last_offset, txns_rows), (61, 3), "nothing of the retries was written");
+}
+
 /// A segment whose hashes are given as bytes, for hashes that overlap others.
 fn segment_of_hashes(partition_id: i64, hashes: &[[u8; 16]], p_verified: i64) -> stile::db::SegmentPush {
     let mut s = segment(partition_id, &vec!["h"; hashes.len()], p_verified, 3600);
