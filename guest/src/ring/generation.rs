@@ -26,8 +26,9 @@
 //! chunk keeps the arrival position of every hash, one byte each); in a
 //! sealed run of up to 8 blocks, its arrival step there (see [`super::run`]:
 //! within 16 offsets in a block of its own, twice that per merge), and in a
-//! larger, older run the run's first offset. A retry, the usual local hit,
-//! is thus probed from at or just below its original's offset.
+//! larger, older run the run's first offset. The newest 8 sealed blocks at
+//! least are always in runs of up to 8 blocks, so a retry, the usual local
+//! hit, is probed from at or just below its original's offset.
 
 use alloc::vec::Vec;
 
