@@ -316,6 +316,7 @@ impl Node {
             }
         }
         command.env("NO_COLOR", "1").env("RUST_LOG", "info");
+        crate::gateway::die_with_parent(&mut command);
         let mut child = command.spawn().context("start stile")?;
         let (ready_tx, ready_rx) = oneshot::channel::<SocketAddr>();
         let ready = Arc::new(Mutex::new(Some(ready_tx)));

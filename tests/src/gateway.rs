@@ -100,6 +100,31 @@ fn stale_sources(binary: &Path) -> Option<String> {
         .next()
 }
 
+/// Has the kernel kill the child (SIGKILL) when the thread spawning it ends,
+/// so that a gateway never outlives a test or benchmark that is killed
+/// before it can drop the child's handle. The signal follows the spawning
+/// thread, not the process: spawn from a thread that lives as long as the
+/// child should (the main thread, a test's own, a runtime's workers).
+pub fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt as _;
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec, and only
+    // makes two system calls, both async-signal-safe, touching no memory
+    // the parent's other threads could have left locked.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Had the parent already died, the signal would never come.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::other("the parent exited before the child started"));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A fresh database of its own, left empty: the gateway under test creates
 /// the schema at start, as it does in production (with the SQL built into
 /// that binary). Dropped with the returned [`TestDb`].
@@ -136,6 +161,7 @@ impl Process {
             command.env_remove(var);
         }
         command.env("NO_COLOR", "1").env("RUST_LOG", std::env::var("STILE_TEST_LOG").unwrap_or_else(|_| "info".into()));
+        die_with_parent(&mut command);
         let mut child = command.spawn().unwrap_or_else(|e| panic!("start {}: {e}", binary.display()));
         let output = Arc::new(Mutex::new(Output::default()));
         let stdout = child.stdout.take().expect("stdout is piped");
@@ -628,6 +654,25 @@ mod tests {
         let line = "\u{1b}[2m2026-01-01T00:00:00Z\u{1b}[0m  INFO stile listening on http://127.0.0.1:40613 (database host=x, 2 shards, engine Wasm)";
         assert_eq!(listening_addr(line), Some("127.0.0.1:40613".parse().unwrap()));
         assert_eq!(listening_addr("stile stopped"), None);
+    }
+
+    /// A child spawned by a thread that then ends is killed by the kernel:
+    /// what happens to a gateway when the test or benchmark that started it
+    /// is killed. (Without the signal, `wait` would return after 60 s with
+    /// the sleep's own exit status.)
+    #[test]
+    fn a_child_dies_with_the_thread_that_spawned_it() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let mut child = std::thread::spawn(|| {
+            let mut command = Command::new("sleep");
+            command.arg("60");
+            die_with_parent(&mut command);
+            command.spawn().expect("spawn sleep")
+        })
+        .join()
+        .expect("the spawning thread");
+        let status = child.wait().expect("wait for the child");
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     }
 
     #[test]
