@@ -113,9 +113,7 @@ impl Bloom {
     pub fn build(&mut self, held: &[Hash]) {
         assert!(!self.is_built());
         *self = Bloom::new(self.capacity);
-        for &hash in held {
-            self.insert(hash);
-        }
+        self.insert_many(held);
     }
 
     /// The number of hashes the filter is sized for.
@@ -135,6 +133,31 @@ impl Bloom {
             *word |= bits;
         }
         debug_assert!(self.may_contain(hash));
+    }
+
+    /// Inserts every hash of `hashes`. As in [`maybe_many`], the lines of
+    /// the next [`FETCH_GROUP`] hashes are fetched before the current group
+    /// is inserted, so that a commit's line misses overlap instead of each
+    /// insert waiting for its own.
+    pub fn insert_many(&mut self, hashes: &[Hash]) {
+        let mut groups = hashes.chunks(FETCH_GROUP).peekable();
+        if let Some(first) = groups.peek() {
+            self.fetch_lines(first);
+        }
+        while let Some(group) = groups.next() {
+            if let Some(next) = groups.peek() {
+                self.fetch_lines(next);
+            }
+            for &hash in group {
+                self.insert(hash);
+            }
+        }
+    }
+
+    fn fetch_lines(&self, hashes: &[Hash]) {
+        for &hash in hashes {
+            fetch(&self.lines[line_index(hash, self.line_shift)].0[0]);
+        }
     }
 
     /// `false` means the hash was certainly never inserted.
@@ -362,6 +385,23 @@ mod tests {
             assert_eq!(maybes.len(), inserted.len());
             assert_eq!(bloom.bytes(), capacity * BITS_PER_HASH / 8);
         }
+    }
+
+    #[test]
+    fn a_batch_insert_sets_the_bits_of_single_inserts() {
+        let mut hashes = Hashes(17);
+        let inserted: Vec<Hash> = (0..TIERS[1] / 2 + 3).map(|_| hashes.next_hash()).collect();
+        let mut one_by_one = Bloom::new(TIERS[1]);
+        inserted.iter().for_each(|&hash| one_by_one.insert(hash));
+        let mut batched = Bloom::new(TIERS[1]);
+        // Uneven batches: groups end mid-batch and batches end mid-group.
+        for batch in inserted.chunks(FETCH_GROUP * 3 + 5) {
+            batched.insert_many(batch);
+        }
+        assert!(one_by_one.lines.iter().zip(&batched.lines).all(|(a, b)| a.0 == b.0));
+        let mut deferred = Bloom::deferred(TIERS[1]);
+        deferred.insert_many(&inserted);
+        assert!(!deferred.is_built() && deferred.lines.iter().all(|line| line.0 == Line::FULL.0));
     }
 
     #[test]

@@ -157,9 +157,7 @@ impl Generation {
             debug_assert!(self.runs.is_empty() && self.hot.len() == self.len);
             self.bloom.build(&self.hot);
         }
-        for &hash in hashes {
-            self.bloom.insert(hash);
-        }
+        self.bloom.insert_many(hashes);
         let mut rest = hashes;
         let mut offset = first_offset;
         while !rest.is_empty() {
