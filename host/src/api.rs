@@ -4,6 +4,8 @@
 //! input is refused with a 4xx naming the field (and the item's index) and
 //! nothing of that request is written.
 
+use std::fmt::{self, Display};
+
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -101,7 +103,7 @@ fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<&'de Raw
 
 /// Decodes `raw`, whose JSON type the caller has checked, as `T`; what can
 /// still fail (a field given twice) is refused naming `field`.
-fn fields<'a, T: Deserialize<'a>>(field: &str, raw: &'a RawValue) -> Result<T, BadRequest> {
+fn fields<'a, T: Deserialize<'a>>(field: impl Display, raw: &'a RawValue) -> Result<T, BadRequest> {
     serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: {error}")))
 }
 
@@ -109,20 +111,20 @@ fn parse_item(index: usize, item: &RawValue) -> Result<PushItem, BadRequest> {
     if raw_type_name(item) != OBJECT {
         return Err(BadRequest::new(format!("items[{index}]: expected an object, got {}", raw_type_name(item))));
     }
-    let field = |name: &str| format!("items[{index}].{name}");
-    let item: RawItem<'_> = fields(&format!("items[{index}]"), item)?;
+    let field = |name| ItemField { index, name };
+    let item: RawItem<'_> = fields(format_args!("items[{index}]"), item)?;
     let queue = match item.queue {
-        Some(raw) => raw_name(&field("queue"), raw)?,
+        Some(raw) => raw_name(field("queue"), raw)?,
         None => return Err(BadRequest::new(format!("{}: missing", field("queue")))),
     };
     let partition = match item.partition {
-        Some(raw) if raw_type_name(raw) != NULL => raw_name(&field("partition"), raw)?,
+        Some(raw) if raw_type_name(raw) != NULL => raw_name(field("partition"), raw)?,
         _ => DEFAULT_PARTITION.to_owned(),
     };
     let transaction_id = match item.transaction_id {
         Some(raw) if raw_type_name(raw) == STRING => {
             let field = field("transactionId");
-            Some(transaction_id(&field, decode_string(&field, raw)?)?)
+            Some(transaction_id(field, decode_string(field, raw)?)?)
         }
         Some(raw) if raw_type_name(raw) != NULL => {
             return Err(BadRequest::new(format!("{}: expected a string, got {}", field("transactionId"), raw_type_name(raw))));
@@ -138,7 +140,21 @@ fn parse_item(index: usize, item: &RawValue) -> Result<PushItem, BadRequest> {
     Ok(PushItem { queue, partition, payload, transaction_id })
 }
 
-fn transaction_id(field: &str, id: String) -> Result<String, BadRequest> {
+/// A field of a push item, named in error messages as `items[3].queue`.
+/// Formatted only when an error names it: a valid item costs no string.
+#[derive(Clone, Copy)]
+struct ItemField<'a> {
+    index: usize,
+    name: &'a str,
+}
+
+impl Display for ItemField<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "items[{}].{}", self.index, self.name)
+    }
+}
+
+fn transaction_id(field: impl Display, id: String) -> Result<String, BadRequest> {
     if id.is_empty() {
         return Err(BadRequest::new(format!("{field}: must not be empty (omit it to get the message id)")));
     }
@@ -149,7 +165,7 @@ fn transaction_id(field: &str, id: String) -> Result<String, BadRequest> {
 }
 
 /// Validates a queue or partition name given as a JSON value.
-pub fn name_value(field: &str, value: Value) -> Result<String, BadRequest> {
+pub fn name_value(field: impl Display + Copy, value: Value) -> Result<String, BadRequest> {
     match value {
         Value::String(name) => validate_name(field, &name).map(|()| name),
         other => Err(BadRequest::new(format!("{field}: expected a string, got {}", type_name(&other)))),
@@ -157,7 +173,7 @@ pub fn name_value(field: &str, value: Value) -> Result<String, BadRequest> {
 }
 
 /// Validates a queue or partition name given as raw JSON.
-fn raw_name(field: &str, raw: &RawValue) -> Result<String, BadRequest> {
+fn raw_name(field: impl Display + Copy, raw: &RawValue) -> Result<String, BadRequest> {
     if raw_type_name(raw) != STRING {
         return Err(BadRequest::new(format!("{field}: expected a string, got {}", raw_type_name(raw))));
     }
@@ -167,14 +183,14 @@ fn raw_name(field: &str, raw: &RawValue) -> Result<String, BadRequest> {
 
 /// The string a raw JSON string holds. Capturing the raw value checked its
 /// syntax only: an escape may still name no character (a lone surrogate).
-fn decode_string(field: &str, raw: &RawValue) -> Result<String, BadRequest> {
+fn decode_string(field: impl Display, raw: &RawValue) -> Result<String, BadRequest> {
     debug_assert_eq!(raw_type_name(raw), STRING);
     serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: malformed JSON string ({error})")))
 }
 
 /// Queue and partition names: non-empty, at most 255 bytes, no control
 /// characters (`\x1f` separates them in layer 1's key).
-pub fn validate_name(field: &str, name: &str) -> Result<(), BadRequest> {
+pub fn validate_name(field: impl Display, name: &str) -> Result<(), BadRequest> {
     if name.is_empty() {
         return Err(BadRequest::new(format!("{field}: must not be empty")));
     }
