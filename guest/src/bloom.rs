@@ -140,18 +140,7 @@ impl Bloom {
     /// is inserted, so that a commit's line misses overlap instead of each
     /// insert waiting for its own.
     pub fn insert_many(&mut self, hashes: &[Hash]) {
-        let mut groups = hashes.chunks(FETCH_GROUP).peekable();
-        if let Some(first) = groups.peek() {
-            self.fetch_lines(first);
-        }
-        while let Some(group) = groups.next() {
-            if let Some(next) = groups.peek() {
-                self.fetch_lines(next);
-            }
-            for &hash in group {
-                self.insert(hash);
-            }
-        }
+        fetched_ahead(self, hashes, Bloom::fetch_lines, |bloom, _, group| group.iter().for_each(|&hash| bloom.insert(hash)));
     }
 
     fn fetch_lines(&self, hashes: &[Hash]) {
@@ -191,23 +180,16 @@ pub fn maybe_many<'a>(filters: impl IntoIterator<Item = &'a Bloom>, hashes: &[Ha
     // fetches, the more of them are on their way at once.
     let tables: Vec<(&[Line], u32)> = filters.into_iter().map(|f| (&f.lines[..], f.line_shift)).collect();
     assert!(u32::try_from(hashes.len()).is_ok() && u32::try_from(tables.len()).is_ok());
-    let fetch_group = |group: &[Hash]| {
+    let fetch_group = |_: &Vec<Maybe>, group: &[Hash]| {
         for &(lines, shift) in &tables {
             for &hash in group {
                 fetch(&lines[line_index(hash, shift)].0[0]);
             }
         }
     };
-    let mut groups = hashes.chunks(FETCH_GROUP).enumerate().peekable();
-    if let Some((_, first)) = groups.peek() {
-        fetch_group(first);
-    }
-    while let Some((group_index, group)) = groups.next() {
-        if let Some((_, next)) = groups.peek() {
-            fetch_group(next);
-        }
+    fetched_ahead(maybes, hashes, fetch_group, |maybes, first, group| {
         for (offset, &hash) in group.iter().enumerate() {
-            let index = (group_index * FETCH_GROUP + offset) as u32;
+            let index = (first + offset) as u32;
             let mask = probe_mask::<K>(hash);
             for (filter, &(lines, shift)) in tables.iter().enumerate() {
                 if lines[line_index(hash, shift)].covers(&mask) {
@@ -215,6 +197,29 @@ pub fn maybe_many<'a>(filters: impl IntoIterator<Item = &'a Bloom>, hashes: &[Ha
                 }
             }
         }
+    });
+}
+
+/// The fetch pipeline of the filter passes: `hashes` in groups of
+/// [`FETCH_GROUP`], where the lines of the next group are fetched (`fetch`)
+/// before the current group is used (`visit`, given the index of the
+/// group's first hash), so that each group's line misses are on their way
+/// while the group before is worked on.
+fn fetched_ahead<C: ?Sized>(
+    context: &mut C,
+    hashes: &[Hash],
+    fetch: impl Fn(&C, &[Hash]),
+    mut visit: impl FnMut(&mut C, usize, &[Hash]),
+) {
+    let mut groups = hashes.chunks(FETCH_GROUP).enumerate().peekable();
+    if let Some((_, first)) = groups.peek() {
+        fetch(context, first);
+    }
+    while let Some((group_index, group)) = groups.next() {
+        if let Some((_, next)) = groups.peek() {
+            fetch(context, next);
+        }
+        visit(context, group_index * FETCH_GROUP, group);
     }
 }
 
