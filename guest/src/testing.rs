@@ -8,7 +8,8 @@
 //! - [`scenario()`] generates random operation sequences (a proptest
 //!   strategy) and [`run`] drives one through a cache next to a plain model of
 //!   what PostgreSQL stores, checking every plan against it.
-//! - [`window`] holds the two deterministic checks of the event-window seed.
+//! - [`window`] holds the two deterministic checks of the event-window seed,
+//!   and [`floors`] how close to its original a retry is floored.
 //!
 //! ```ignore
 //! proptest! {
@@ -21,6 +22,7 @@
 //! ```
 
 mod driver;
+pub mod floors;
 mod model;
 mod strategy;
 pub mod window;

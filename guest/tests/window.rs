@@ -1,7 +1,7 @@
-//! The event-window seed's tests, on the shard.
+//! The event-window seed's tests, and the floors of retries, on the shard.
 
 use stile_guest::Shard;
-use stile_guest::testing::window;
+use stile_guest::testing::{floors, window};
 
 #[test]
 fn window_semantics() {
@@ -12,4 +12,10 @@ fn window_semantics() {
 fn memory_bounded_by_rate_times_window() {
     let report = window::memory_bounded_by_rate_times_window(&mut Shard::new(window::CONFIG));
     println!("{report:?}");
+}
+
+#[test]
+fn retries_floor_within_an_arrival_step() {
+    let furthest = floors::retries_floor_within_an_arrival_step(&mut Shard::new(window::CONFIG), 400);
+    println!("the furthest floor was {furthest} offsets below its retry's original");
 }

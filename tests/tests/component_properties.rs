@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use stile_guest::testing::{self, Cache, Scenario, window};
+use stile_guest::testing::{self, Cache, Scenario, floors, window};
 use stile_guest::{Admission, Commit, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, ShardConfig, Stats};
 use stile_tests::component::HealthyShard;
 
@@ -35,6 +35,12 @@ proptest! {
 #[test]
 fn window_semantics() {
     window::window_semantics(&mut HealthyShard::new(window::CONFIG));
+}
+
+#[test]
+fn retries_floor_within_an_arrival_step() {
+    let furthest = floors::retries_floor_within_an_arrival_step(&mut HealthyShard::new(window::CONFIG), 400);
+    println!("the furthest floor was {furthest} offsets below its retry's original");
 }
 
 #[test]

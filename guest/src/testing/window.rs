@@ -130,7 +130,7 @@ impl<'c, C: Cache> Events<'c, C> {
 }
 
 /// Event ids to uniformly spread hashes, as xxh3 would give.
-fn hash_of(id: u64) -> Hash {
+pub(super) fn hash_of(id: u64) -> Hash {
     let mix = |x: u64| {
         let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
