@@ -314,17 +314,30 @@ BEGIN
                             OR position(v_h4 IN r.hashes) > 0)
                      ORDER BY r.end_offset
                      LIMIT 1;
-                    IF FOUND AND v_count > 4 THEN
+                    -- Rows below it exist only when it starts above the
+                    -- span's first offset. Only their hashes above v_from
+                    -- can be the other hashes' earlier occurrences (the
+                    -- cache vouches for the rest), and a cache's floor is
+                    -- at most an arrival step below the original: those few
+                    -- hashes are looked for in the segment, rather than the
+                    -- segment's hashes each in the rows' whole bytes (a
+                    -- byte search costs its haystack's length: a floor 15
+                    -- hashes into a row of 100 made this check read that
+                    -- row 96 times, most of what a retry of 100 cost).
+                    IF FOUND AND v_count > 4 AND v_first_base > v_from + 1 THEN
                         -- (Any byte match counts here, aligned or not: it can
                         -- only send the segment to the full span.)
                         PERFORM 1
-                           FROM stile.txns r
-                          WHERE r.partition_id = v_pid
-                            AND r.end_offset > v_from
-                            AND r.end_offset < v_first_base
-                            AND r.created_at >= v_now - make_interval(secs => v_window)
-                            AND EXISTS (SELECT 1 FROM generate_series(4, v_count - 1) AS j
-                                         WHERE position(substring(v_hashes FROM 16 * j + 1 FOR 16) IN r.hashes) > 0)
+                           FROM (SELECT substring(r.hashes FROM 16 * greatest(v_from + 1 - r.base_offset, 0)::integer + 1)
+                                        AS above
+                                   FROM stile.txns r
+                                  WHERE r.partition_id = v_pid
+                                    AND r.end_offset > v_from
+                                    AND r.end_offset < v_first_base
+                                    AND r.created_at >= v_now - make_interval(secs => v_window)
+                                 OFFSET 0) AS b
+                          WHERE EXISTS (SELECT 1 FROM generate_series(0, length(b.above) / 16 - 1) AS j
+                                         WHERE position(substring(b.above FROM 16 * j + 1 FOR 16) IN v_hashes) > 0)
                           LIMIT 1;
                         IF FOUND THEN
                             v_first_base := NULL;

@@ -401,6 +401,37 @@ async fn past_four_hashes_a_row_below_the_tried_one_holding_another_hash_sends_t
 }
 
 #[tokio::test]
+async fn a_row_below_the_tried_one_is_searched_above_the_floor_only() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    set_window(&t, "q", 0).await;
+    let ks = ["k0", "k1", "k2", "k3", "k4", "k5"];
+    // z at 0, then w1 w2 k5 at 1-3, then all six at 4-9: k5 is stored twice,
+    // at 3 in a row that straddles the floors below.
+    let b = segment(p.id, &ks, -1, 0);
+    let below = segment(p.id, &["w1", "w2", "k5"], -1, 0);
+    let (k5_id, b_ids) = (below.message_ids[2], b.message_ids.clone());
+    for s in [segment(p.id, &["z"], -1, 0), below, b] {
+        t.db.push_bundle(&[s]).await.unwrap();
+    }
+    set_window(&t, "q", 3600).await;
+    let first_occurrences: Vec<(u32, i64, uuid::Uuid)> =
+        (0..5).map(|i| (i, 4 + i64::from(i), b_ids[i as usize])).chain([(5, 3, k5_id)]).collect();
+    // Floored at 0 and at 2, the row at 1-3 holds k5 above the floor: its
+    // first occurrence is there.
+    for p_verified in [0, 2] {
+        let out = t.db.push_bundle(&[segment(p.id, &ks, p_verified, 3600)]).await.unwrap();
+        assert_eq!(out[0].probe, ProbeMode::Narrowed);
+        let got: Vec<(u32, i64, uuid::Uuid)> = out[0].duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect();
+        assert_eq!(got, first_occurrences, "floored at {p_verified}");
+    }
+    // Floored at 3, the row at 4-9 answers alone.
+    let out = t.db.push_bundle(&[segment(p.id, &ks, 3, 3600)]).await.unwrap();
+    let got: Vec<(u32, i64)> = out[0].duplicates.iter().map(|d| (d.index, d.offset)).collect();
+    assert_eq!(got, (0..6).map(|i| (i, 4 + i64::from(i))).collect::<Vec<_>>());
+}
+
+#[tokio::test]
 async fn a_hash_older_than_the_window_is_new_again() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
