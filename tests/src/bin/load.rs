@@ -566,7 +566,7 @@ async fn run(args: Args) {
                 let (config, gw) = &gateways[(round + k) % gateways.len()];
                 let figures = measure(gw, &args, slice, *config, &format!("r{round}"), size).await;
                 eprintln!(
-                    "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.0}, PostgreSQL {:.0}, generator {:.0})",
+                    "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.1}, PostgreSQL {:.1}, generator {:.1})",
                     config.name(),
                     figures.rate,
                     figures.p50_ms,
@@ -618,7 +618,7 @@ async fn run(args: Args) {
     for Measured { config, size, round, figures: f } in &results {
         let [s, n, full, off] = f.probes;
         println!(
-            "| {} | {size} | {round} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.2} | {:.0} / {:.0} / {:.0} |",
+            "| {} | {size} | {round} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.2} | {:.1} / {:.1} / {:.1} |",
             config.name(),
             f.rate,
             f.p50_ms,

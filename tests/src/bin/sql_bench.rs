@@ -16,9 +16,11 @@
 //! * forced:  `p_verified = -1`, the full-window probe;
 //! * vouched: `p_verified = last_offset`, as a warm cache sends: no probe;
 //! * retry:   every vouched push is sent again at once with `p_verified`
-//!   one below its base offset, as a warm cache narrows a local hit: the
-//!   probe covers the one segment, finds every message a duplicate and
-//!   writes nothing (both pushes count as messages);
+//!   at the start of its base offset's step of 16 (one below the base
+//!   offset rounded down to a multiple of 16), as a warm cache floors a local
+//!   hit in a sealed block: the probe reads the segment's row and up to 15
+//!   offsets of the row below, finds every message a duplicate and writes
+//!   nothing (both pushes count as messages);
 //! * window0: the queue's window set to 0: no probe, txns still written;
 //! * plain:   one row per message in a table with a unique index on
 //!   `(partition_id, transaction_id)`, `INSERT ... ON CONFLICT DO NOTHING`.
@@ -269,7 +271,9 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
                 messages += size as u64;
                 wrong += u64::from(probe != expected && !empty);
                 if mode == Mode::Retry {
-                    s.p_verified = base_offset - 1;
+                    // Floored as the cache floors a hash of a sealed block:
+                    // at the start of its step of 16 arrivals.
+                    s.p_verified = base_offset - base_offset % 16 - 1;
                     let again = db.push_bundle(std::slice::from_ref(&s)).await.unwrap();
                     let SegmentOutcome { stored: None, probe, ref duplicates, .. } = again[0] else {
                         panic!("a retry was stored: {again:?}");
