@@ -143,7 +143,6 @@ DECLARE
     v_keep_tids text[];
     v_keep_payloads json[];
     v_window integer;
-    v_pv bigint;
     v_from bigint;
     v_now timestamptz;
     v_msg integer := 1;  -- first message of the current segment in the flat arrays
@@ -239,16 +238,18 @@ BEGIN
             -- hashes the current window still holds, so it vouches for
             -- nothing. And it vouched for offsets that existed when it
             -- planned: a later segment of this bundle is probed against
-            -- earlier ones. (One expression: each PL/pgSQL statement costs
+            -- earlier ones. The probe starts above that bound or below the
+            -- purge watermark, whichever is higher, and is narrowed when the
+            -- bound is. (One expression: each PL/pgSQL statement costs
             -- about a microsecond, on the path every vouched push takes.)
-            v_pv := least(CASE WHEN v_window > coalesce(p_planned_windows[i], 0) THEN -1
-                               ELSE greatest(coalesce(p_verified[i], -1), -1) END,
-                          v_locked[k]);
-            v_from := greatest(v_pv, v_start[k] - 1);
+            v_from := greatest(least(CASE WHEN v_window > coalesce(p_planned_windows[i], 0) THEN -1
+                                          ELSE greatest(coalesce(p_verified[i], -1), -1) END,
+                                     v_locked[k]),
+                               v_start[k] - 1);
             IF v_last[k] <= v_from THEN
                 v_probe := 'skipped';
             ELSE
-                v_probe := CASE WHEN v_pv >= v_start[k] THEN 'narrowed' ELSE 'full' END;
+                v_probe := CASE WHEN v_from >= v_start[k] THEN 'narrowed' ELSE 'full' END;
                 -- Five settings, transaction-local (this call is the
                 -- transaction), set by one PL/pgSQL expression (a PERFORM
                 -- would execute a statement). No JIT: the planner prices the
