@@ -376,16 +376,12 @@ async fn min_picks_the_first_occurrence() {
 async fn past_four_hashes_a_row_below_the_tried_one_holding_another_hash_sends_the_probe_over_the_span() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    set_window(&t, "q", 0).await;
     let ks = ["k0", "k1", "k2", "k3", "k4", "k5"];
     // z at 0, k5 at 1, then all six at 2-7: k5 is stored twice.
     let b = segment(p.id, &ks, -1, 0);
     let k5_first = segment(p.id, &["k5"], -1, 0);
     let (k5_id, b_ids) = (k5_first.message_ids[0], b.message_ids.clone());
-    for s in [segment(p.id, &["z"], -1, 0), k5_first, b] {
-        t.db.push_bundle(&[s]).await.unwrap();
-    }
-    set_window(&t, "q", 3600).await;
+    store_with_repeats(&t, [segment(p.id, &["z"], -1, 0), k5_first, b]).await;
     // The first row holding one of k0-k3 is at 2-7 and holds all six, but
     // the row at 1 holds k5: its first occurrence is there.
     let out = t.db.push_bundle(&[segment(p.id, &ks, 0, 3600)]).await.unwrap();
@@ -404,17 +400,13 @@ async fn past_four_hashes_a_row_below_the_tried_one_holding_another_hash_sends_t
 async fn a_row_below_the_tried_one_is_searched_above_the_floor_only() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    set_window(&t, "q", 0).await;
     let ks = ["k0", "k1", "k2", "k3", "k4", "k5"];
     // z at 0, then w1 w2 k5 at 1-3, then all six at 4-9: k5 is stored twice,
     // at 3 in a row that straddles the floors below.
     let b = segment(p.id, &ks, -1, 0);
     let below = segment(p.id, &["w1", "w2", "k5"], -1, 0);
     let (k5_id, b_ids) = (below.message_ids[2], b.message_ids.clone());
-    for s in [segment(p.id, &["z"], -1, 0), below, b] {
-        t.db.push_bundle(&[s]).await.unwrap();
-    }
-    set_window(&t, "q", 3600).await;
+    store_with_repeats(&t, [segment(p.id, &["z"], -1, 0), below, b]).await;
     let first_occurrences: Vec<(u32, i64, uuid::Uuid)> =
         (0..5).map(|i| (i, 4 + i64::from(i), b_ids[i as usize])).chain([(5, 3, k5_id)]).collect();
     // Floored at 0 and at 2, the row at 1-3 holds k5 above the floor: its
@@ -646,6 +638,16 @@ async fn reads_return_what_was_pushed() {
     t.db.push_bundle(&[segment(p.id, &["a"], -1, 0)]).await.unwrap();
     let m = t.db.message_by_transaction_id("q", "p", hash("a"), "a").await.unwrap().unwrap();
     assert_eq!(m.offset, 6);
+}
+
+/// Stores the segments in order with the queue's window at 0, so that
+/// repeats are stored again, then sets the window back to an hour.
+async fn store_with_repeats<const N: usize>(t: &TestDb, segments: [stile::db::SegmentPush; N]) {
+    set_window(t, "q", 0).await;
+    for s in segments {
+        t.db.push_bundle(&[s]).await.unwrap();
+    }
+    set_window(t, "q", 3600).await;
 }
 
 async fn set_window_zero_then_push(t: &TestDb, s: stile::db::SegmentPush) {
