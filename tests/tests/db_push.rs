@@ -26,6 +26,16 @@ fn stored_at(outcome: &SegmentOutcome) -> Option<i64> {
     outcome.stored.map(|s| s.base_offset)
 }
 
+/// Each duplicate as (its index in the segment, its original's offset).
+fn placed(duplicates: &[Duplicate]) -> Vec<(u32, i64)> {
+    duplicates.iter().map(|d| (d.index, d.offset)).collect()
+}
+
+/// Each duplicate as (its index, its original's offset and message id).
+fn named(duplicates: &[Duplicate]) -> Vec<(u32, i64, uuid::Uuid)> {
+    duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect()
+}
+
 async fn set_window(t: &TestDb, queue: &str, seconds: i64) {
     let mut options = Map::new();
     options.insert("dedupWindowSeconds".into(), json!(seconds));
@@ -77,7 +87,7 @@ async fn a_duplicate_writes_nothing_and_names_the_original() {
     let out = t.db.push_bundle(&[segment(p.id, &["c", "b"], -1, 3600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Full);
-    assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(0, 2), (1, 1)]);
+    assert_eq!(placed(&dups), vec![(0, 2), (1, 1)]);
     assert_eq!(stored_at(&out[0]), None);
     assert_eq!(partition_state(&c, p.id).await, before);
 
@@ -156,35 +166,34 @@ async fn a_narrowed_retry_is_answered_from_the_first_row_of_its_span_when_it_hol
     for s in [s0, s1] {
         t.db.push_bundle(&[s]).await.unwrap();
     }
-    let named = |out: &SegmentOutcome| out.duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect::<Vec<_>>();
     // The span (0, 5] starts in s0, which holds both: answered from it.
     let out = t.db.push_bundle(&[segment(p.id, &["c", "b"], 0, 3600)]).await.unwrap();
     assert_eq!(out[0].probe, ProbeMode::Narrowed);
-    assert_eq!(named(&out[0]), vec![(0, 2, ids[2]), (1, 1, ids[1])]);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 2, ids[2]), (1, 1, ids[1])]);
     assert_eq!(stored_at(&out[0]), None);
     // s0 holds "c" but not "e": every row of the span is read.
     let out = t.db.push_bundle(&[segment(p.id, &["e", "c"], 0, 3600)]).await.unwrap();
-    assert_eq!(named(&out[0]), vec![(0, 4, ids[4]), (1, 2, ids[2])]);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 4, ids[4]), (1, 2, ids[2])]);
     // A floor a few offsets below the original: with up to four hashes the
     // first row holding any of them is tried, here s1.
     let out = t.db.push_bundle(&[segment(p.id, &["e", "d"], 0, 3600)]).await.unwrap();
-    assert_eq!(named(&out[0]), vec![(0, 4, ids[4]), (1, 3, ids[3])]);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 4, ids[4]), (1, 3, ids[3])]);
     let out = t.db.push_bundle(&[segment(p.id, &["b2"], 0, 3600)]).await.unwrap();
-    assert_eq!(named(&out[0]), vec![(0, 5, ids[5])]);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 5, ids[5])]);
     // More than four hashes, the same.
     let all = ["b2", "e", "d", "c", "b"];
     let out = t.db.push_bundle(&[segment(p.id, &all, 0, 3600)]).await.unwrap();
-    assert_eq!(named(&out[0]), vec![(0, 5, ids[5]), (1, 4, ids[4]), (2, 3, ids[3]), (3, 2, ids[2]), (4, 1, ids[1])]);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 5, ids[5]), (1, 4, ids[4]), (2, 3, ids[3]), (3, 2, ids[2]), (4, 1, ids[1])]);
     let fresh = segment(p.id, &["e", "d", "b2", "x", "y"], 2, 3600);
     let ids_xy = [fresh.message_ids[3], fresh.message_ids[4]];
     let out = t.db.push_bundle(&[fresh]).await.unwrap();
-    assert_eq!(named(&out[0]), vec![(0, 4, ids[4]), (1, 3, ids[3]), (2, 5, ids[5])]);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 4, ids[4]), (1, 3, ids[3]), (2, 5, ids[5])]);
     assert_eq!(stored_at(&out[0]), Some(6));
     // Its messages removed by retention, the originals' ids are unknown.
     let c = t.client().await;
     c.execute("DELETE FROM stile.segments WHERE partition_id = $1 AND base_offset = 3", &[&p.id]).await.unwrap();
     let out = t.db.push_bundle(&[segment(p.id, &["e", "d"], 2, 3600)]).await.unwrap();
-    assert_eq!(named(&out[0]), vec![(0, 4, uuid::Uuid::nil()), (1, 3, uuid::Uuid::nil())]);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 4, uuid::Uuid::nil()), (1, 3, uuid::Uuid::nil())]);
     // A first row outside the window does not count: the next one is first.
     set_window(&t, "q", 60).await;
     c.execute(
@@ -196,9 +205,9 @@ async fn a_narrowed_retry_is_answered_from_the_first_row_of_its_span_when_it_hol
     let out = t.db.push_bundle(&[segment(p.id, &["c", "b"], 0, 60)]).await.unwrap();
     assert_eq!((out[0].probe, out[0].duplicates.len(), stored_at(&out[0])), (ProbeMode::Narrowed, 0, Some(8)));
     let out = t.db.push_bundle(&[segment(p.id, &["e", "d"], 0, 60)]).await.unwrap();
-    assert_eq!(named(&out[0]), vec![(0, 4, uuid::Uuid::nil()), (1, 3, uuid::Uuid::nil())]);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 4, uuid::Uuid::nil()), (1, 3, uuid::Uuid::nil())]);
     let out = t.db.push_bundle(&[segment(p.id, &["x", "y"], 5, 60)]).await.unwrap();
-    assert_eq!(named(&out[0]), vec![(0, 6, ids_xy[0]), (1, 7, ids_xy[1])]);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 6, ids_xy[0]), (1, 7, ids_xy[1])]);
 }
 
 /// A retry of a push stored as sent is one run of its row's hashes, found by
@@ -216,21 +225,20 @@ async fn a_retry_that_is_a_run_of_its_row_is_answered_from_that_row() {
     t.db.push_bundle(&[row]).await.unwrap();
     t.db.push_bundle(&[segment(p.id, &["after"], -1, 3600)]).await.unwrap();
     // The row holds offsets 1 to 60.
-    let answer = |out: &SegmentOutcome| out.duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect::<Vec<_>>();
     for (from, len) in [(0, 60), (0, 1), (0, 10), (7, 1), (7, 10), (20, 17), (23, 37), (59, 1)] {
         let retry = segment(p.id, &names[from..from + len], 0, 3600);
         let out = t.db.push_bundle(&[retry]).await.unwrap();
         assert_eq!((out[0].probe, stored_at(&out[0])), (ProbeMode::Narrowed, None), "{from}+{len}");
         let expected: Vec<(u32, i64, uuid::Uuid)> =
             (0..len).map(|j| (j as u32, 1 + (from + j) as i64, row_ids[from + j])).collect();
-        assert_eq!(answer(&out[0]), expected, "{from}+{len}");
+        assert_eq!(named(&out[0].duplicates), expected, "{from}+{len}");
     }
     // Its messages removed by retention, the ids are unknown, the offsets not.
     let c = t.client().await;
     c.execute("DELETE FROM stile.segments WHERE partition_id = $1 AND base_offset = 1", &[&p.id]).await.unwrap();
     let out = t.db.push_bundle(&[segment(p.id, &names[3..30], 0, 3600)]).await.unwrap();
     let expected: Vec<(u32, i64, uuid::Uuid)> = (0..27).map(|j| (j as u32, 4 + j as i64, uuid::Uuid::nil())).collect();
-    assert_eq!(answer(&out[0]), expected);
+    assert_eq!(named(&out[0].duplicates), expected);
     let (last_offset, _, _, txns_rows) = partition_state(&c, p.id).await;
     assert_eq!((last_offset, txns_rows), (61, 3), "nothing of the retries was written");
 }
@@ -265,7 +273,7 @@ async fn a_hash_that_a_row_holds_only_across_two_hashes_is_not_found_there() {
     for (retry, expected) in [(vec![straddle], vec![(0, 2)]), (vec![a, straddle], vec![(0, 0), (1, 2)])] {
         let out = t.db.push_bundle(&[segment_of_hashes(p2.id, &retry, 0)]).await.unwrap();
         assert_eq!(out[0].probe, ProbeMode::Narrowed);
-        assert_eq!(out[0].duplicates.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), expected);
+        assert_eq!(placed(&out[0].duplicates), expected);
         assert_eq!(out[0].duplicates.last().map(|d| d.message_id), Some(straddle_id));
         assert_eq!(stored_at(&out[0]), None);
     }
@@ -369,7 +377,7 @@ async fn min_picks_the_first_occurrence() {
     let out = t.db.push_bundle(&[segment(p.id, &["w", "a"], 1, 3600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Narrowed);
-    assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(placed(&dups), vec![(1, 2)]);
 }
 
 #[tokio::test]
@@ -386,13 +394,13 @@ async fn past_four_hashes_a_row_below_the_tried_one_holding_another_hash_sends_t
     // the row at 1 holds k5: its first occurrence is there.
     let out = t.db.push_bundle(&[segment(p.id, &ks, 0, 3600)]).await.unwrap();
     assert_eq!(out[0].probe, ProbeMode::Narrowed);
-    let got: Vec<(u32, i64, uuid::Uuid)> = out[0].duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect();
+    let got = named(&out[0].duplicates);
     let mut expected: Vec<(u32, i64, uuid::Uuid)> = (0..5).map(|i| (i, 2 + i64::from(i), b_ids[i as usize])).collect();
     expected.push((5, 1, k5_id));
     assert_eq!(got, expected);
     // Floored above the row at 1, the row at 2-7 answers alone.
     let out = t.db.push_bundle(&[segment(p.id, &ks, 1, 3600)]).await.unwrap();
-    let got: Vec<(u32, i64)> = out[0].duplicates.iter().map(|d| (d.index, d.offset)).collect();
+    let got = placed(&out[0].duplicates);
     assert_eq!(got, (0..6).map(|i| (i, 2 + i64::from(i))).collect::<Vec<_>>());
 }
 
@@ -414,12 +422,12 @@ async fn a_row_below_the_tried_one_is_searched_above_the_floor_only() {
     for p_verified in [0, 2] {
         let out = t.db.push_bundle(&[segment(p.id, &ks, p_verified, 3600)]).await.unwrap();
         assert_eq!(out[0].probe, ProbeMode::Narrowed);
-        let got: Vec<(u32, i64, uuid::Uuid)> = out[0].duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect();
+        let got = named(&out[0].duplicates);
         assert_eq!(got, first_occurrences, "floored at {p_verified}");
     }
     // Floored at 3, the row at 4-9 answers alone.
     let out = t.db.push_bundle(&[segment(p.id, &ks, 3, 3600)]).await.unwrap();
-    let got: Vec<(u32, i64)> = out[0].duplicates.iter().map(|d| (d.index, d.offset)).collect();
+    let got = placed(&out[0].duplicates);
     assert_eq!(got, (0..6).map(|i| (i, 4 + i64::from(i))).collect::<Vec<_>>());
 }
 
@@ -438,7 +446,7 @@ async fn a_hash_older_than_the_window_is_new_again() {
     let out = t.db.push_bundle(&[segment(p.id, &["a", "c"], -1, 60)]).await.unwrap();
     // "c" (offset 2) is inside the window, "a" (offset 0) is not: stored.
     let (dups, _) = duplicates(&out[0]);
-    assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(placed(&dups), vec![(1, 2)]);
     assert_eq!(stored_at(&out[0]), Some(3));
     let out = t.db.push_bundle(&[segment(p.id, &["b"], -1, 60)]).await.unwrap();
     assert_eq!(committed(&out[0]), (4, ProbeMode::Full));
@@ -461,7 +469,7 @@ async fn p_verified_skips_or_narrows_the_probe() {
     let out = t.db.push_bundle(&[segment(p.id, &["d", "c"], 1, 3600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Narrowed);
-    assert_eq!(dups.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(placed(&dups), vec![(1, 2)]);
     assert_eq!(stored_at(&out[0]), Some(4));
     let out = t.db.push_bundle(&[segment(p.id, &["e"], 1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (5, ProbeMode::Narrowed));
