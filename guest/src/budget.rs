@@ -35,6 +35,13 @@ pub const RECENT_USE_MS: Millis = 5_000;
 /// Entries each auxiliary map may hold before it is pruned.
 pub const AUX_SOFT_CAP: usize = 100_000;
 
+/// The resolution of the least-recently-used order: partitions last used
+/// within one slot are ordered by id. A use moves a partition in that order
+/// only when it falls in a later slot, so that the order costs nothing on
+/// most plans and commits (two tree updates each, otherwise); the
+/// recent-use guard still compares exact times.
+pub const USE_SLOT_MS: Millis = 1_000;
+
 /// The estimated cost of one hash of a host's window estimate: 16 exact bytes
 /// and 2 bytes of bloom filter.
 pub const ESTIMATED_BYTES_PER_HASH: u64 = 18;
@@ -56,7 +63,8 @@ pub struct Budget {
     limit: u64,
     total: u64,
     resident: BTreeMap<PartitionId, Resident>,
-    /// Resident partitions ordered by last use, oldest first.
+    /// Resident partitions ordered by the slot of their last use (see
+    /// [`USE_SLOT_MS`]), oldest first.
     by_last_use: BTreeSet<(Millis, PartitionId)>,
     /// Deadline of each partition's cooldown.
     cooldowns: BTreeMap<PartitionId, Millis>,
@@ -107,7 +115,7 @@ impl Budget {
             }
             None => {
                 self.resident.insert(partition, Resident { bytes, last_used_ms: now_ms });
-                self.by_last_use.insert((now_ms, partition));
+                self.by_last_use.insert((use_slot(now_ms), partition));
                 self.total += bytes;
             }
         }
@@ -117,12 +125,15 @@ impl Budget {
     /// Marks a resident partition used at `now_ms`.
     pub fn touch(&mut self, partition: PartitionId, now_ms: Millis) {
         if let Some(resident) = self.resident.get_mut(&partition) {
-            let removed = self.by_last_use.remove(&(resident.last_used_ms, partition));
-            debug_assert!(removed);
             // `now` is monotone, but a host that breaks that must not make the
             // order lie: last use only moves forward.
+            let slot = use_slot(resident.last_used_ms);
             resident.last_used_ms = resident.last_used_ms.max(now_ms);
-            self.by_last_use.insert((resident.last_used_ms, partition));
+            if use_slot(resident.last_used_ms) != slot {
+                let removed = self.by_last_use.remove(&(slot, partition));
+                debug_assert!(removed);
+                self.by_last_use.insert((use_slot(resident.last_used_ms), partition));
+            }
         }
     }
 
@@ -131,7 +142,7 @@ impl Budget {
         let Some(resident) = self.resident.remove(&partition) else {
             return 0;
         };
-        let removed = self.by_last_use.remove(&(resident.last_used_ms, partition));
+        let removed = self.by_last_use.remove(&(use_slot(resident.last_used_ms), partition));
         debug_assert!(removed);
         self.total -= resident.bytes;
         self.check();
@@ -161,7 +172,7 @@ impl Budget {
         }
         let mut victims = Vec::new();
         let mut freed = 0u128;
-        for &(_, victim) in self.idle(now_ms).filter(|&&(_, victim)| victim != partition) {
+        for victim in self.idle(now_ms).filter(|&victim| victim != partition) {
             victims.push(victim);
             freed += u128::from(self.resident_bytes(victim));
             if fits(freed) {
@@ -176,7 +187,7 @@ impl Budget {
     pub fn over_budget_victims(&self, now_ms: Millis) -> Vec<PartitionId> {
         let mut excess = self.total.saturating_sub(self.limit);
         let mut victims = Vec::new();
-        for &(_, victim) in self.idle(now_ms) {
+        for victim in self.idle(now_ms) {
             if excess == 0 {
                 break;
             }
@@ -224,8 +235,17 @@ impl Budget {
         self.cooldowns.retain(|_, &mut deadline| now_ms < deadline);
     }
 
-    fn idle(&self, now_ms: Millis) -> impl Iterator<Item = &(Millis, PartitionId)> {
-        self.by_last_use.iter().take_while(move |&&(last_used_ms, _)| now_ms.saturating_sub(last_used_ms) >= RECENT_USE_MS)
+    /// Partitions not used within [`RECENT_USE_MS`] of `now_ms`, least
+    /// recently used first (to the slot). A slot's start is at or before
+    /// every use in it, so the walk stops at the first slot that cannot
+    /// hold an idle partition, and the exact time decides within a slot.
+    fn idle(&self, now_ms: Millis) -> impl Iterator<Item = PartitionId> {
+        let idle = move |last_used_ms: Millis| now_ms.saturating_sub(last_used_ms) >= RECENT_USE_MS;
+        self.by_last_use
+            .iter()
+            .take_while(move |&&(slot, _)| idle(slot.saturating_mul(USE_SLOT_MS)))
+            .map(|&(_, partition)| partition)
+            .filter(move |partition| self.resident.get(partition).is_some_and(|resident| idle(resident.last_used_ms)))
     }
 
     /// Ended cooldowns go first, then those ending soonest, down to nine
@@ -258,8 +278,14 @@ impl Budget {
 
     fn check(&self) {
         debug_assert_eq!(self.resident.len(), self.by_last_use.len());
+        debug_assert!(self.resident.iter().all(|(&p, r)| self.by_last_use.contains(&(use_slot(r.last_used_ms), p))));
         debug_assert_eq!(self.total, self.resident.values().map(|r| r.bytes).sum::<u64>());
     }
+}
+
+/// The slot of the least-recently-used order that `ms` falls in.
+fn use_slot(ms: Millis) -> Millis {
+    ms.div_euclid(USE_SLOT_MS)
 }
 
 #[cfg(test)]
@@ -332,6 +358,25 @@ mod tests {
         assert_eq!(budget.over_budget_victims(10_000), vec![2, 3]);
         budget.touch(3, 9_000);
         assert_eq!(budget.over_budget_victims(10_000), vec![2]);
+    }
+
+    #[test]
+    fn the_eviction_order_is_least_recently_used_to_the_slot() {
+        // 2 and 1 were last used in the first slot, 3 in the next; far over
+        // the budget, every idle partition is a victim.
+        let mut budget = budget_with(&[(3, 2_000, USE_SLOT_MS), (2, 2_000, 0), (1, 2_000, 1)]);
+        assert_eq!(budget.over_budget_victims(10_000), vec![1, 2, 3]);
+        // A use in the same slot leaves the order; one in a later slot moves
+        // the partition behind the others.
+        budget.touch(1, USE_SLOT_MS - 1);
+        assert_eq!(budget.over_budget_victims(10_000), vec![1, 2, 3]);
+        budget.touch(1, 2 * USE_SLOT_MS);
+        assert_eq!(budget.over_budget_victims(10_000), vec![2, 3, 1]);
+        // Idleness is exact: 2 was last used at 0, 3 at 1,000, 1 at 2,000.
+        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + 1), vec![2]);
+        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + USE_SLOT_MS), vec![2, 3]);
+        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + 2 * USE_SLOT_MS - 1), vec![2, 3]);
+        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + 2 * USE_SLOT_MS), vec![2, 3, 1]);
     }
 
     #[test]

@@ -207,7 +207,8 @@ impl Shard {
             let state = if self.budget.cooling(partition, now_ms) { EntryState::Suppressed } else { EntryState::Cold };
             return Plan { p_verified: NO_VOUCH, local_hits: Vec::new(), state };
         };
-        self.counters.expired_generations += entry.expire(now_ms, self.config.skew_slack_ms) as u64;
+        let expired = entry.expire(now_ms, self.config.skew_slack_ms);
+        self.counters.expired_generations += expired as u64;
         let mut local_hits = Vec::new();
         let answer = entry.plan(segment.window_ms, segment.hashes, &mut self.workspace, &mut local_hits);
         self.counters.segments_vouched += u64::from(answer.vouched);
@@ -215,7 +216,10 @@ impl Shard {
         self.counters.bloom_maybes += answer.maybes as u64;
         self.counters.local_hits += local_hits.len() as u64;
         let state = entry.condition().state();
-        self.budget.account(partition, entry.bytes() as u64, now_ms);
+        // Planning reads the ring; only an expiry changes its footprint.
+        if expired > 0 {
+            self.budget.account(partition, entry.bytes() as u64, now_ms);
+        }
         self.budget.touch(partition, now_ms);
         debug_assert!(local_hits.is_empty() || answer.p_verified < entry.verified_upto());
         Plan { p_verified: answer.p_verified, local_hits, state }

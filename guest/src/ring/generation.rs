@@ -73,6 +73,9 @@ pub struct Generation {
     /// [`STEPS_UP_TO_BLOCKS`] blocks kept apart behind one of its size (see
     /// the module's doc).
     runs: Vec<Run>,
+    /// The accounted bytes of `runs`, kept as they change (at most once per
+    /// block sealed), because every commit asks for the footprint.
+    runs_bytes: usize,
     len: usize,
     min_offset: Offset,
     max_offset: Offset,
@@ -90,6 +93,7 @@ impl Generation {
             hot_from: NO_VOUCH,
             hot_arrival: Vec::new(),
             runs: Vec::new(),
+            runs_bytes: 0,
             len: 0,
             min_offset: Offset::MAX,
             max_offset: NO_VOUCH,
@@ -136,8 +140,8 @@ impl Generation {
     /// and for the many partitions that hold a few hashes its spare room is
     /// most of what they allocate (`guest/tests/footprint.rs`).
     pub fn bytes(&self) -> usize {
-        let sealed: usize = self.runs.iter().map(Run::bytes).sum();
-        GENERATION_OVERHEAD + self.bloom.bytes() + sealed + self.hot.capacity() * HASH_LEN + self.hot_arrival.capacity()
+        debug_assert_eq!(self.runs_bytes, self.runs.iter().map(Run::bytes).sum::<usize>());
+        GENERATION_OVERHEAD + self.bloom.bytes() + self.runs_bytes + self.hot.capacity() * HASH_LEN + self.hot_arrival.capacity()
     }
 
     /// Appends hashes committed at the contiguous offsets `first_offset..`.
@@ -187,6 +191,7 @@ impl Generation {
         debug_assert!(self.hot.is_empty());
         self.merge_equal_tail(usize::MAX);
         assert_eq!(self.runs.len(), 1, "a full generation settles into one run");
+        self.runs_bytes = self.runs.iter().map(Run::bytes).sum();
     }
 
     /// The filter in front of the exact hashes.
@@ -271,6 +276,7 @@ impl Generation {
             self.merge_equal_tail(usize::MAX);
             self.runs.push(recent);
         }
+        self.runs_bytes = self.runs.iter().map(Run::bytes).sum();
         // Block counts decrease front to back, but for the recent run and
         // the counter's smallest, which may both have 8 blocks.
         debug_assert!(self.runs.windows(2).filter(|w| w[0].block_count() <= w[1].block_count()).count() <= 1);
