@@ -18,6 +18,12 @@ pub fn postgres_pids() -> Vec<i32> {
         .collect()
 }
 
+/// Context switches on the whole machine since boot (`ctxt` of `/proc/stat`).
+pub fn context_switches() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    stat.lines().find_map(|line| line.strip_prefix("ctxt ")?.trim().parse().ok()).unwrap_or(0)
+}
+
 fn ticks(pid: i32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the parenthesised command name; utime and stime are

@@ -49,7 +49,8 @@ use hyper::Method;
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::json;
-use stile_tests::cpu::{cpu_seconds, postgres_pids};
+use stile::db::config_to_url;
+use stile_tests::cpu::{context_switches, cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
 use stile_tests::pg::TestDb;
 
@@ -85,6 +86,12 @@ impl Config {
             Config::Off => "dedup off (window 0)",
             Config::Cold => "cache off (--cache-mb 0)",
         }
+    }
+
+    /// The `application_name` of its gateway's connections, by which its
+    /// backends are told from the rest of the server.
+    fn application_name(self) -> String {
+        format!("stile-{}", self.queue())
     }
 
     /// The configuration's own queue: gateways pushing to one queue would
@@ -128,6 +135,10 @@ struct Args {
     rounds: usize,
     sync: bool,
     client_threads: usize,
+    /// Whether every round starts (and primes) new gateway processes, so
+    /// that whatever state one process settles into is not carried through
+    /// every round of a run.
+    fresh_gateways: bool,
     /// Settings of the benchmark database (`ALTER DATABASE ... SET`).
     pg_settings: Vec<(String, String)>,
 }
@@ -145,6 +156,7 @@ fn parse_args() -> Args {
         rounds: 7,
         sync: false,
         client_threads: 1,
+        fresh_gateways: false,
         pg_settings: Vec::new(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -157,7 +169,7 @@ fn parse_args() -> Args {
             println!(
                 "load [--conns 32] [--partitions 64] [--prefill 1000000] [--sizes 1,10,100] [--warmup 1] [--secs 4] \
                  [--retry-percent 10] [--configs warm,native,off,cold] [--rounds 7] [--sync off|on] \
-                 [--client-threads 1] [--pg-set NAME=VALUE ...]"
+                 [--client-threads 1] [--fresh-gateways off|on] [--pg-set NAME=VALUE ...]"
             );
             std::process::exit(0);
         }
@@ -174,6 +186,7 @@ fn parse_args() -> Args {
             "--rounds" => a.rounds = (number(flag, v) as usize).max(1),
             "--sync" => a.sync = v == "on",
             "--client-threads" => a.client_threads = number(flag, v) as usize,
+            "--fresh-gateways" => a.fresh_gateways = v == "on",
             "--pg-set" => {
                 let (name, value) = v.split_once('=').unwrap_or_else(|| panic!("--pg-set NAME=VALUE, got {v:?}"));
                 assert!(
@@ -198,6 +211,22 @@ fn main() {
         .build()
         .expect("a tokio runtime");
     runtime.block_on(run(args));
+}
+
+/// One gateway process per configuration, each primed: its pool opens its
+/// connections and, dedup on, its cache hydrates every partition.
+async fn start_gateways(t: &TestDb, pg: &tokio_postgres::Client, args: &Args, size: usize) -> Vec<(Config, Gateway)> {
+    let mut gateways = Vec::with_capacity(args.configs.len());
+    for &config in &args.configs {
+        let mut named = t.config().clone();
+        named.application_name(config.application_name());
+        gateways.push((config, Gateway::start_with(&config_to_url(&named, true), &config.options()).await));
+    }
+    for (config, gw) in &gateways {
+        let primed = measure(gw, pg, args, Slice { warmup: 1.0, secs: 2.0 }, *config, "prime", size).await;
+        eprintln!("  primed {:<26} {} hydrations, {:.0} msg/s", config.name(), primed.hydrations, primed.rate);
+    }
+    gateways
 }
 
 /// Prepares the database: settings, the schema (the binary under test
@@ -425,13 +454,29 @@ struct Figures {
     /// Segments per bundle: how many partitions one transaction served.
     segments_per_bundle: f64,
     /// CPU milliseconds per 1,000 messages answered, of the gateway, of
-    /// PostgreSQL (every server process) and of this generator.
-    cpu_ms_per_k: [f64; 3],
+    /// PostgreSQL (every server process), of this generator, and of the
+    /// part of PostgreSQL's that the gateway's own backends used (the rest
+    /// is the WAL writer, the checkpointer, autovacuum and the idle
+    /// gateways' connections: work this configuration may not have caused).
+    cpu_ms_per_k: [f64; 4],
+    /// Context switches on the whole machine per message answered.
+    switches_per_message: f64,
 }
 
-/// CPU seconds used so far by the gateway, PostgreSQL and this process.
-fn cpu_now(gateway: i32, postgres: &[i32]) -> [f64; 3] {
-    [cpu_seconds(&[gateway]), cpu_seconds(postgres), cpu_seconds(&[std::process::id() as i32])]
+/// CPU seconds used so far by the gateway, PostgreSQL, this process and the
+/// gateway's backends.
+fn cpu_now(gateway: i32, postgres: &[i32], backends: &[i32]) -> [f64; 4] {
+    [cpu_seconds(&[gateway]), cpu_seconds(postgres), cpu_seconds(&[std::process::id() as i32]), cpu_seconds(backends)]
+}
+
+/// The server processes of the connections named `application_name`.
+async fn backend_pids(pg: &tokio_postgres::Client, application_name: &str) -> Vec<i32> {
+    pg.query("SELECT pid FROM pg_stat_activity WHERE application_name = $1", &[&application_name])
+        .await
+        .expect("read pg_stat_activity")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
 }
 
 /// Series read from /metrics before and after a measured run: the segments
@@ -467,7 +512,15 @@ struct Slice {
     secs: f64,
 }
 
-async fn measure(gw: &Gateway, args: &Args, slice: Slice, config: Config, label: &str, size: usize) -> Figures {
+async fn measure(
+    gw: &Gateway,
+    pg: &tokio_postgres::Client,
+    args: &Args,
+    slice: Slice,
+    config: Config,
+    label: &str,
+    size: usize,
+) -> Figures {
     let mut clients = Vec::with_capacity(args.conns);
     for _ in 0..args.conns {
         clients.push(gw.client().await);
@@ -494,13 +547,16 @@ async fn measure(gw: &Gateway, args: &Args, slice: Slice, config: Config, label:
     tokio::time::sleep_until(measure_from.into()).await;
     // After the warm-up: the gateway's pool has opened its connections.
     let postgres = postgres_pids();
+    let backends = backend_pids(pg, &config.application_name()).await;
     let before = series(&mut observer).await;
-    let cpu_before = cpu_now(gw.pid(), &postgres);
+    let cpu_before = cpu_now(gw.pid(), &postgres, &backends);
+    let switches_before = context_switches();
     let mut tally = Tally::default();
     for task in tasks {
         tally.merge(task.await.expect("a connection task"));
     }
-    let cpu_after = cpu_now(gw.pid(), &postgres);
+    let cpu_after = cpu_now(gw.pid(), &postgres, &backends);
+    let switches = context_switches() - switches_before;
     let after = series(&mut observer).await;
     let delta: [f64; 8] = std::array::from_fn(|i| after[i] - before[i]);
     tally.latencies_us.sort_unstable();
@@ -521,6 +577,7 @@ async fn measure(gw: &Gateway, args: &Args, slice: Slice, config: Config, label:
         sql_ms_per_bundle: 1000.0 * delta[6] / delta[7].max(1.0),
         segments_per_bundle: delta[..4].iter().sum::<f64>() / delta[7].max(1.0),
         cpu_ms_per_k: std::array::from_fn(|i| 1e6 * (cpu_after[i] - cpu_before[i]) / tally.items.max(1) as f64),
+        switches_per_message: switches as f64 / tally.items.max(1) as f64,
     }
 }
 
@@ -549,24 +606,20 @@ async fn run(args: Args) {
     let c = t.client().await;
     let version: String = c.query_one("SHOW server_version", &[]).await.expect("server version").get(0);
 
-    let mut gateways = Vec::with_capacity(args.configs.len());
-    for &config in &args.configs {
-        gateways.push((config, Gateway::start_with(&t.url(), &config.options()).await));
-    }
-    // Primed: the pools open their connections, the warm caches hydrate.
-    for (config, gw) in &gateways {
-        let primed = measure(gw, &args, Slice { warmup: 1.0, secs: 2.0 }, *config, "prime", args.sizes[0]).await;
-        eprintln!("  primed {:<26} {} hydrations, {:.0} msg/s", config.name(), primed.hydrations, primed.rate);
-    }
+    let mut gateways = start_gateways(&t, &c, &args, args.sizes[0]).await;
     let slice = Slice { warmup: args.warmup, secs: args.secs };
     let mut results: Vec<Measured> = Vec::new();
-    for &size in &args.sizes {
+    for (s, &size) in args.sizes.iter().enumerate() {
         for round in 0..args.rounds {
+            if args.fresh_gateways && (s, round) != (0, 0) {
+                drop(gateways);
+                gateways = start_gateways(&t, &c, &args, size).await;
+            }
             for k in 0..gateways.len() {
                 let (config, gw) = &gateways[(round + k) % gateways.len()];
-                let figures = measure(gw, &args, slice, *config, &format!("r{round}"), size).await;
+                let figures = measure(gw, &c, &args, slice, *config, &format!("r{round}"), size).await;
                 eprintln!(
-                    "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.1}, PostgreSQL {:.1}, generator {:.1})",
+                    "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.1}, PostgreSQL {:.1} (its backends {:.1}), generator {:.1}; {:.2} context switches per message)",
                     config.name(),
                     figures.rate,
                     figures.p50_ms,
@@ -584,7 +637,9 @@ async fn run(args: Args) {
                     figures.segments_per_bundle,
                     figures.cpu_ms_per_k[0],
                     figures.cpu_ms_per_k[1],
-                    figures.cpu_ms_per_k[2]
+                    figures.cpu_ms_per_k[3],
+                    figures.cpu_ms_per_k[2],
+                    figures.switches_per_message
                 );
                 results.push(Measured { config: *config, size, round, figures });
             }
@@ -612,13 +667,13 @@ async fn run(args: Args) {
     println!(
         "| configuration | batch | round | messages/s | p50 ms | p99 ms | requests | wrong answers | errors \
          | segments skipped / narrowed / full / off | hydrations | SQL ms per bundle | segments per bundle \
-         | CPU ms per 1,000 messages: gateway / PostgreSQL / generator |"
+         | CPU ms per 1,000 messages: gateway / PostgreSQL (its backends) / generator |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
     for Measured { config, size, round, figures: f } in &results {
         let [s, n, full, off] = f.probes;
         println!(
-            "| {} | {size} | {round} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.2} | {:.1} / {:.1} / {:.1} |",
+            "| {} | {size} | {round} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.2} | {:.1} / {:.1} ({:.1}) / {:.1} |",
             config.name(),
             f.rate,
             f.p50_ms,
@@ -631,6 +686,7 @@ async fn run(args: Args) {
             f.segments_per_bundle,
             f.cpu_ms_per_k[0],
             f.cpu_ms_per_k[1],
+            f.cpu_ms_per_k[3],
             f.cpu_ms_per_k[2]
         );
     }
