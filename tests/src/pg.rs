@@ -6,6 +6,7 @@
 //! applies the migrations, and drops the database (`WITH (FORCE)`) when the
 //! `TestDb` is dropped, even if the test panicked.
 
+use std::future::Future;
 use std::time::Duration;
 
 use stile::db::{Db, DbError, config_to_url, pg_config};
@@ -92,6 +93,20 @@ impl TestDb {
     /// A plain connection of its own, outside the pool.
     pub async fn client(&self) -> tokio_postgres::Client {
         connect(&self.config).await.unwrap_or_else(|e| panic!("connect to {}: {e}", self.name))
+    }
+}
+
+/// Runs `work` to its end, or until Ctrl-C or SIGTERM, and answers whether
+/// it ended. Interrupted, `work` is dropped here, and with it what it owns:
+/// a benchmark stopped by hand drops its database and stops its gateway
+/// processes instead of leaving them behind.
+pub async fn unless_interrupted(work: impl Future<Output = ()>) -> bool {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).expect("a SIGTERM handler");
+    tokio::select! {
+        () = work => true,
+        _ = tokio::signal::ctrl_c() => false,
+        _ = terminate.recv() => false,
     }
 }
 

@@ -52,7 +52,7 @@ use serde_json::json;
 use stile::db::config_to_url;
 use stile_tests::cpu::{context_switches, cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
-use stile_tests::pg::TestDb;
+use stile_tests::pg::{TestDb, unless_interrupted};
 
 /// Items per prefill request, and connections pushing them.
 const PREFILL_BATCH: usize = 10_000;
@@ -210,7 +210,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    runtime.block_on(run(args));
+    if !runtime.block_on(unless_interrupted(run(args))) {
+        eprintln!("load: interrupted; its gateways are stopped and its database dropped");
+        std::process::exit(130);
+    }
 }
 
 /// One gateway process per configuration, each primed: its pool opens its
@@ -594,6 +597,7 @@ async fn run(args: Args) {
     eprintln!("load: {args:?}");
     let load_at_start = load_average();
     let t = fresh_database().await;
+    eprintln!("load: database {}", t.name());
     let prepare_started = Instant::now();
     let per_partition = prepare(&t, &args).await;
     eprintln!(

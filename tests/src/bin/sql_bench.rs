@@ -41,7 +41,7 @@ use serde_json::{Value, json};
 use stile::db::{ConfigureMode, Db, ProbeMode, SegmentOutcome, SegmentPush};
 use stile::payload::Payload;
 use stile_tests::cpu::cpu_seconds;
-use stile_tests::pg::{TestDb, connect};
+use stile_tests::pg::{TestDb, connect, unless_interrupted};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Mode {
@@ -373,9 +373,17 @@ fn fmt_rate(r: f64) -> String {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = parse_args();
+    if !unless_interrupted(run(args)).await {
+        eprintln!("sql_bench: interrupted; its database is dropped");
+        std::process::exit(130);
+    }
+}
+
+async fn run(args: Args) {
     let started = Instant::now();
     eprintln!("sql_bench: {args:?}");
     let t = TestDb::with_pool(args.conns).await;
+    eprintln!("sql_bench: database {}", t.name());
     let mut cfg = t.config().clone();
     if !args.sync {
         cfg.options("-c synchronous_commit=off");
