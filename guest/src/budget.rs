@@ -38,8 +38,10 @@ pub const AUX_SOFT_CAP: usize = 100_000;
 /// The resolution of the least-recently-used order: partitions last used
 /// within one slot are ordered by id. A use moves a partition in that order
 /// only when it falls in a later slot, so that the order costs nothing on
-/// most plans and commits (two tree updates each, otherwise); the
-/// recent-use guard still compares exact times.
+/// most plans and commits (two tree updates each, otherwise). A partition
+/// counts as idle once its whole slot lies [`RECENT_USE_MS`] in the past:
+/// the recent-use guard lasts that long at least and one slot more at most,
+/// and a walk for victims stops at the first slot that is not idle.
 pub const USE_SLOT_MS: Millis = 1_000;
 
 /// The estimated cost of one hash of a host's window estimate: 16 exact bytes
@@ -235,17 +237,17 @@ impl Budget {
         self.cooldowns.retain(|_, &mut deadline| now_ms < deadline);
     }
 
-    /// Partitions not used within [`RECENT_USE_MS`] of `now_ms`, least
-    /// recently used first (to the slot). A slot's start is at or before
-    /// every use in it, so the walk stops at the first slot that cannot
-    /// hold an idle partition, and the exact time decides within a slot.
+    /// Partitions whose last use lies in a slot that ended at least
+    /// [`RECENT_USE_MS`] before `now_ms`, least recently used first (to the
+    /// slot). The walk stops at the first slot that is not idle.
     fn idle(&self, now_ms: Millis) -> impl Iterator<Item = PartitionId> {
-        let idle = move |last_used_ms: Millis| now_ms.saturating_sub(last_used_ms) >= RECENT_USE_MS;
         self.by_last_use
             .iter()
-            .take_while(move |&&(slot, _)| idle(slot.saturating_mul(USE_SLOT_MS)))
+            .take_while(move |&&(slot, _)| {
+                let slot_last_ms = slot.saturating_mul(USE_SLOT_MS).saturating_add(USE_SLOT_MS - 1);
+                now_ms.saturating_sub(slot_last_ms) >= RECENT_USE_MS
+            })
             .map(|&(_, partition)| partition)
-            .filter(move |partition| self.resident.get(partition).is_some_and(|resident| idle(resident.last_used_ms)))
     }
 
     /// Ended cooldowns go first, then those ending soonest, down to nine
@@ -338,12 +340,14 @@ mod tests {
     }
 
     #[test]
-    fn the_recent_use_guard_is_exactly_five_seconds() {
+    fn the_recent_use_guard_lasts_five_seconds_past_the_slot_of_the_use() {
         let mut budget = budget_with(&[(1, 900, 0)]);
-        assert_eq!(budget.gate(2, 50, 4_999), Gate::Refused);
-        assert_eq!(budget.gate(2, 50, 5_000), Gate::FitsAfterEvicting(vec![1]));
+        assert_eq!(budget.gate(2, 50, RECENT_USE_MS - 1), Gate::Refused);
+        // Used at 0, in the slot that ends at USE_SLOT_MS - 1.
+        assert_eq!(budget.gate(2, 50, RECENT_USE_MS + USE_SLOT_MS - 2), Gate::Refused);
+        assert_eq!(budget.gate(2, 50, RECENT_USE_MS + USE_SLOT_MS - 1), Gate::FitsAfterEvicting(vec![1]));
         budget.touch(1, 3_000);
-        assert_eq!(budget.gate(2, 50, 5_000), Gate::Refused);
+        assert_eq!(budget.gate(2, 50, 5_999), Gate::Refused);
         assert_eq!(budget.over_budget_victims(8_000), vec![] as Vec<PartitionId>, "not over the budget");
     }
 
@@ -372,11 +376,12 @@ mod tests {
         assert_eq!(budget.over_budget_victims(10_000), vec![1, 2, 3]);
         budget.touch(1, 2 * USE_SLOT_MS);
         assert_eq!(budget.over_budget_victims(10_000), vec![2, 3, 1]);
-        // Idleness is exact: 2 was last used at 0, 3 at 1,000, 1 at 2,000.
-        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + 1), vec![2]);
-        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + USE_SLOT_MS), vec![2, 3]);
+        // A partition is idle once its slot ended five seconds ago: 2's slot
+        // ends at 999, 3's at 1,999, 1's at 2,999.
+        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + USE_SLOT_MS - 2), vec![] as Vec<PartitionId>);
+        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + USE_SLOT_MS - 1), vec![2]);
         assert_eq!(budget.over_budget_victims(RECENT_USE_MS + 2 * USE_SLOT_MS - 1), vec![2, 3]);
-        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + 2 * USE_SLOT_MS), vec![2, 3, 1]);
+        assert_eq!(budget.over_budget_victims(RECENT_USE_MS + 3 * USE_SLOT_MS - 1), vec![2, 3, 1]);
     }
 
     #[test]

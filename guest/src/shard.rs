@@ -268,7 +268,7 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::{COOLDOWN_MS, RECENT_USE_MS};
+    use crate::budget::{COOLDOWN_MS, RECENT_USE_MS, USE_SLOT_MS};
     use crate::hash::{Hash, encode};
     use alloc::vec;
 
@@ -431,7 +431,8 @@ mod tests {
         hydrate_with(&mut shard, 0, 1, 4_000);
         hydrate_with(&mut shard, 0, 2, 4_000);
         let footprint = shard.budget.resident_bytes(1);
-        let now = RECENT_USE_MS;
+        // The first moment a use at 0 counts as idle.
+        let now = RECENT_USE_MS + USE_SLOT_MS - 1;
         plan_one(&mut shard, now, 2, &[1]);
         // Needs the room of one idle partition: 1 goes, 2 (just used) stays.
         assert_eq!(shard.admit(now, 3, WINDOW, 5_000), Admission::Hydrate);
