@@ -96,6 +96,18 @@ impl TestDb {
     }
 }
 
+/// The server processes of the connections named `application_name`, for
+/// benchmarks that charge CPU to the backends of one pool.
+pub async fn backend_pids(client: &tokio_postgres::Client, application_name: &str) -> Vec<i32> {
+    client
+        .query("SELECT pid FROM pg_stat_activity WHERE application_name = $1", &[&application_name])
+        .await
+        .expect("read pg_stat_activity")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
 /// Runs `work` to its end, or until Ctrl-C or SIGTERM, and answers whether
 /// it ended. Interrupted, `work` is dropped here, and with it what it owns:
 /// a benchmark stopped by hand drops its database and stops its gateway

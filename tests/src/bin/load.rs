@@ -52,7 +52,7 @@ use serde_json::json;
 use stile::db::config_to_url;
 use stile_tests::cpu::{context_switches, cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
-use stile_tests::pg::{TestDb, unless_interrupted};
+use stile_tests::pg::{TestDb, backend_pids, unless_interrupted};
 
 /// Items per prefill request, and connections pushing them.
 const PREFILL_BATCH: usize = 10_000;
@@ -470,16 +470,6 @@ struct Figures {
 /// gateway's backends.
 fn cpu_now(gateway: i32, postgres: &[i32], backends: &[i32]) -> [f64; 4] {
     [cpu_seconds(&[gateway]), cpu_seconds(postgres), cpu_seconds(&[std::process::id() as i32]), cpu_seconds(backends)]
-}
-
-/// The server processes of the connections named `application_name`.
-async fn backend_pids(pg: &tokio_postgres::Client, application_name: &str) -> Vec<i32> {
-    pg.query("SELECT pid FROM pg_stat_activity WHERE application_name = $1", &[&application_name])
-        .await
-        .expect("read pg_stat_activity")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
 }
 
 /// Series read from /metrics before and after a measured run: the segments

@@ -41,7 +41,7 @@ use serde_json::{Value, json};
 use stile::db::{ConfigureMode, Db, ProbeMode, SegmentOutcome, SegmentPush};
 use stile::payload::Payload;
 use stile_tests::cpu::cpu_seconds;
-use stile_tests::pg::{TestDb, connect, unless_interrupted};
+use stile_tests::pg::{TestDb, backend_pids, connect, unless_interrupted};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Mode {
@@ -338,16 +338,6 @@ async fn run_plain(clients: &[Arc<tokio_postgres::Client>], level: &Level, size:
         messages += task.await.unwrap();
     }
     RunResult { messages, elapsed: start.elapsed(), wrong_probe: 0 }
-}
-
-/// The server processes of the connections named `application_name`.
-async fn backend_pids(c: &tokio_postgres::Client, application_name: &str) -> Vec<i32> {
-    c.query("SELECT pid FROM pg_stat_activity WHERE application_name = $1", &[&application_name])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
 }
 
 /// A random message id without a system call (`Uuid::now_v7` asks the
