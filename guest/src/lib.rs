@@ -23,6 +23,7 @@ extern crate std;
 mod api;
 mod bloom;
 mod budget;
+mod clock;
 mod entry;
 mod fetch;
 mod hash;
@@ -40,5 +41,6 @@ pub mod testing;
 
 pub use api::*;
 pub use budget::{COOLDOWN_MS, FIT_PERCENT, RECENT_USE_MS};
+pub use clock::{DbClock, Reading};
 pub use hash::{HASH_LEN, Hash};
 pub use shard::Shard;

@@ -52,6 +52,11 @@ impl Shard {
         }
     }
 
+    /// The configuration the shard was made with.
+    pub fn config(&self) -> ShardConfig {
+        self.config
+    }
+
     /// Plans one flush: a `p_verified` per segment, in order. Planning
     /// expires each touched entry first and marks it used.
     pub fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {

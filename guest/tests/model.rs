@@ -1,7 +1,7 @@
 //! The shard against the model database, over random operation sequences:
 //! plans, commits with correct, gapped and overlapping bases, fresh and stale
-//! hydrations, expiry as time moves, window changes, tiny budgets and small
-//! hash spaces. The same driver runs against the component in `stile-tests`.
+//! hydrations, expiry as time moves, clock offsets and steps of the host's and
+//! of PostgreSQL's clocks, window changes, tiny budgets and small hash spaces. The same driver runs against the component in `stile-tests`.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -33,6 +33,9 @@ struct Tally {
     vouched_past_zero: u64,
     suppressed_admissions: u64,
     large_commits: u64,
+    /// Caches made beyond each scenario's first: the host replaced its cache
+    /// after reading that PostgreSQL's clock stepped back.
+    caches_replaced: u64,
     /// The shard's counters as last read.
     stats: Stats,
 }
@@ -87,9 +90,14 @@ fn the_scenarios_reach_every_state() {
     for _ in 0..300 {
         let scenario = strategy.new_tree(&mut runner).expect("a scenario").current();
         let tally = Rc::new(RefCell::new(Tally::default()));
-        testing::run(&scenario, |config| Tallied { shard: Shard::new(config), tally: Rc::clone(&tally) })
-            .unwrap_or_else(|violation| panic!("{violation}"));
+        let mut made = 0;
+        testing::run(&scenario, |config| {
+            made += 1;
+            Tallied { shard: Shard::new(config), tally: Rc::clone(&tally) }
+        })
+        .unwrap_or_else(|violation| panic!("{violation}"));
         let tally = tally.take();
+        totals.caches_replaced += made - 1;
         for (state, count) in tally.states {
             *totals.states.entry(state).or_default() += count;
         }
@@ -106,6 +114,7 @@ fn the_scenarios_reach_every_state() {
         assert!(totals.states.get(state).copied().unwrap_or(0) > 0, "no plan in state {state}");
     }
     assert!(totals.vouched_past_zero > 0 && totals.suppressed_admissions > 0 && totals.large_commits > 0);
+    assert!(totals.caches_replaced > 0, "no step back of PostgreSQL's clock was ever read");
     let stats = totals.stats;
     assert!(stats.local_hits > 0 && stats.evictions > 0 && stats.expired_generations > 0 && stats.bloom_maybes > 0);
 }

@@ -1,8 +1,10 @@
 -- stile schema, version 2: the functions the gateway calls.
 --
 -- Re-applied whenever this text changes (see host/src/db/migrate.rs), so
--- every definition is CREATE OR REPLACE. A change of a function's signature
--- or return type needs a versioned migration that drops the old one first.
+-- every definition is CREATE OR REPLACE. A function whose arguments change
+-- is a new function beside the old one, which gateways of an older build
+-- keep calling; a change of the return type alone needs a versioned
+-- migration that drops the old one first.
 --
 -- Every function that writes takes partition row locks with SELECT ... FOR
 -- UPDATE, several only in ascending id order: the one global lock order.
@@ -63,7 +65,13 @@ $$;
 --   p_counts[i]           its number of messages (>= 1)
 --   p_hashes[i]           its messages' 16-byte hashes, concatenated
 -- and, flat over all segments in order, one element per message,
--- p_message_ids, p_transaction_ids and p_payloads.
+-- p_message_ids, p_transaction_ids and p_payloads. p_clock_floor_ms is what
+-- the cache assumed of this database's clock when it planned the bundle (its
+-- `now` less its skew slack, in ms since the epoch): it judged which hashes
+-- are older than the window by that time, so its vouches hold only while
+-- clock_timestamp() is at or past it. Behind it (a gateway whose bound of
+-- this clock ran ahead, or this clock stepped back), every p_verified is
+-- ignored and the window is probed in full.
 --
 -- All partition rows are locked first, in ascending id order. Then, segment by
 -- segment in order: the probe runs (under the lock, before allocation) over
@@ -86,6 +94,7 @@ $$;
 -- the span.
 --
 -- Exactness rules beyond the plain probe:
+--   * a clock behind p_clock_floor_ms voids p_verified (see above);
 --   * a window larger than the one the cache planned under voids p_verified
 --     (a cache that expired under a shorter window cannot vouch for a longer);
 --   * p_verified is clamped to the partition's last_offset at lock time: the
@@ -95,6 +104,9 @@ $$;
 --
 -- probe: 'off' (window 0), 'skipped' (nothing above the bound), 'narrowed'
 -- (bound set by p_verified) or 'full' (bound set by txns_start or -1).
+-- clock_ms is clock_timestamp() when the segment was probed, in ms since the
+-- epoch, rounded down: a reading of this database's clock, from which a
+-- gateway bounds it (guest/src/clock.rs).
 CREATE OR REPLACE FUNCTION stile.push(
     p_partition_ids bigint[],
     p_verified bigint[],
@@ -103,7 +115,8 @@ CREATE OR REPLACE FUNCTION stile.push(
     p_hashes bytea[],
     p_message_ids uuid[],
     p_transaction_ids text[],
-    p_payloads json[]
+    p_payloads json[],
+    p_clock_floor_ms bigint
 )
 RETURNS TABLE (
     seg integer,
@@ -113,7 +126,8 @@ RETURNS TABLE (
     probe text,
     dup_idx integer[],
     dup_off bigint[],
-    dup_ids uuid[]
+    dup_ids uuid[],
+    clock_ms bigint
 )
 LANGUAGE plpgsql
 AS $$
@@ -145,6 +159,10 @@ DECLARE
     v_window integer;
     v_from bigint;
     v_now timestamptz;
+    -- The earliest clock at which the cache's vouches hold (none for NULL).
+    v_floor timestamptz := CASE WHEN p_clock_floor_ms IS NULL OR p_clock_floor_ms > 253402300799999 THEN 'infinity'
+                                WHEN p_clock_floor_ms < 0 THEN '-infinity'
+                                ELSE to_timestamp(p_clock_floor_ms / 1000.0) END;
     v_msg integer := 1;  -- first message of the current segment in the flat arrays
     v_idx integer[];
     v_off bigint[];
@@ -234,15 +252,16 @@ BEGIN
         IF v_window = 0 THEN
             v_probe := 'off';
         ELSE
-            -- The cache planned under a shorter window: it may have expired
-            -- hashes the current window still holds, so it vouches for
-            -- nothing. And it vouched for offsets that existed when it
+            -- The cache planned under a shorter window, or judged age by a
+            -- time this clock has not reached: it may have expired hashes
+            -- the current window still holds, so it vouches for nothing.
+            -- And it vouched for offsets that existed when it
             -- planned: a later segment of this bundle is probed against
             -- earlier ones. The probe starts above that bound or below the
             -- purge watermark, whichever is higher, and is narrowed when the
             -- bound is. (One expression: each PL/pgSQL statement costs
             -- about a microsecond, on the path every vouched push takes.)
-            v_from := greatest(least(CASE WHEN v_window > coalesce(p_planned_windows[i], 0) THEN -1
+            v_from := greatest(least(CASE WHEN v_window > coalesce(p_planned_windows[i], 0) OR v_now < v_floor THEN -1
                                           ELSE greatest(coalesce(p_verified[i], -1), -1) END,
                                      v_locked[k]),
                                v_start[k] - 1);
@@ -464,6 +483,7 @@ BEGIN
         dup_idx := v_idx;
         dup_off := v_off;
         dup_ids := v_mid;
+        clock_ms := floor(extract(epoch FROM v_now) * 1000)::bigint;
         base_offset := NULL;
         created_ms := NULL;
         v_keep := v_count - coalesce(cardinality(v_idx), 0);
@@ -744,29 +764,35 @@ $$;
 ------------------------------------------------------------------------------
 
 -- A partition's allocator and purge watermark with its txns rows created in
--- the last p_window_seconds + 5 s (slack on the safe side: extra old rows
--- only widen the cache's coverage), in one statement and so one snapshot.
--- An empty window yields one row whose txns columns are NULL; an unknown
--- partition yields no row. created_ms is rounded up, like stile.push's.
-CREATE OR REPLACE FUNCTION stile.hydration(p_partition_id bigint, p_window_seconds integer)
+-- the last p_window_seconds + p_slack_ms (the cache's skew slack: extra old
+-- rows only widen its coverage), in one statement and so one snapshot, and
+-- clock_ms, the clock_timestamp() the cutoff was taken from, in ms since the
+-- epoch, rounded down (a reading of this database's clock). An empty window
+-- yields one row whose txns columns are NULL; an unknown partition yields no
+-- row. created_ms is rounded up, like stile.push's.
+CREATE OR REPLACE FUNCTION stile.hydration(p_partition_id bigint, p_window_seconds integer, p_slack_ms integer)
 RETURNS TABLE (
     last_offset bigint,
     txns_start bigint,
     base_offset bigint,
     end_offset bigint,
     created_ms bigint,
-    hashes bytea
+    hashes bytea,
+    clock_ms bigint
 )
 LANGUAGE sql STABLE
 SET jit = off  -- an index range scan: compiling it would cost more than it saves
 AS $$
+    WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
     SELECT p.last_offset, p.txns_start, t.base_offset, t.end_offset,
-           ceil(extract(epoch FROM t.created_at) * 1000)::bigint, t.hashes
-      FROM stile.partitions p
+           ceil(extract(epoch FROM t.created_at) * 1000)::bigint, t.hashes,
+           floor(extract(epoch FROM clock.now) * 1000)::bigint
+      FROM clock
+      JOIN stile.partitions p ON p.id = p_partition_id
       LEFT JOIN stile.txns t
         ON t.partition_id = p.id
-       AND t.created_at >= clock_timestamp() - make_interval(secs => greatest(p_window_seconds, 0) + 5)
-     WHERE p.id = p_partition_id
+       AND t.created_at >= clock.now - make_interval(secs => greatest(p_window_seconds, 0))
+                                    - make_interval(secs => greatest(p_slack_ms, 0) / 1000.0)
      ORDER BY t.base_offset
 $$;
 

@@ -88,6 +88,17 @@ impl ShardCache {
         }
     }
 
+    /// Replaces the cache with an empty one, made with the same
+    /// configuration: after PostgreSQL's clock stepped back, the `now` this
+    /// cache was given will not come again for a while, and the cache
+    /// requires `now` monotone.
+    pub fn reset(&mut self) {
+        match self {
+            ShardCache::Native(shard) => **shard = Shard::new(shard.config()),
+            ShardCache::Wasm(shard) => shard.reset(),
+        }
+    }
+
     /// How many times the wasm instance was retired and rebuilt.
     pub fn rebuilds(&self) -> u64 {
         match self {

@@ -1,6 +1,7 @@
 //! Prometheus metrics, rendered as text at `GET /metrics`.
 
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -50,6 +51,9 @@ pub struct Metrics {
     evictions: Family<ShardLabel, Gauge>,
     unavailable: Counter,
     resident_memory: Gauge,
+    clock_offset: Gauge<f64, AtomicU64>,
+    clock_steps_back: Counter,
+    vouches_refused: Counter,
 }
 
 impl Metrics {
@@ -70,6 +74,9 @@ impl Metrics {
             evictions: Family::default(),
             unavailable: Counter::default(),
             resident_memory: Gauge::default(),
+            clock_offset: Gauge::default(),
+            clock_steps_back: Counter::default(),
+            vouches_refused: Counter::default(),
         };
         {
             let mut r = metrics.registry.lock().expect("not poisoned");
@@ -89,6 +96,22 @@ impl Metrics {
                 "database_unavailable",
                 "Requests answered 503 because the database was unreachable",
                 metrics.unavailable.clone(),
+            );
+            r.register(
+                "clock_offset_seconds",
+                "This gateway's wall clock minus PostgreSQL's, as measured from the database's clock readings \
+                 (to within a round trip; the cache judges age by PostgreSQL's clock, never by this one)",
+                metrics.clock_offset.clone(),
+            );
+            r.register(
+                "database_clock_steps_back",
+                "Readings that showed PostgreSQL's clock stepped back; each replaced a shard's cache",
+                metrics.clock_steps_back.clone(),
+            );
+            r.register(
+                "vouches_refused",
+                "Segments whose cache vouch the push function refused, its clock being behind the time the cache judged age by",
+                metrics.vouches_refused.clone(),
             );
             r.register(
                 "process_resident_memory_bytes",
@@ -133,6 +156,20 @@ impl Metrics {
 
     pub fn unavailable(&self) {
         self.unavailable.inc();
+    }
+
+    /// The latest measured offset of this gateway's wall clock from
+    /// PostgreSQL's, in milliseconds (positive: the gateway is ahead).
+    pub fn clock_offset(&self, offset_ms: i64) {
+        self.clock_offset.set(offset_ms as f64 / 1000.0);
+    }
+
+    pub fn database_clock_stepped_back(&self) {
+        self.clock_steps_back.inc();
+    }
+
+    pub fn vouch_refused(&self) {
+        self.vouches_refused.inc();
     }
 
     /// Publishes one shard's cache gauges.

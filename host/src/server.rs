@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use hyper::server::conn::http1;
@@ -17,7 +17,7 @@ use crate::db::Db;
 use crate::gateway::Gateway;
 use crate::http::{App, HttpConfig};
 use crate::metrics::Metrics;
-use crate::shard::{self, ShardConfig};
+use crate::shard::{self, DbReading, ShardConfig};
 use crate::wasm::WasmEngine;
 
 /// Everything `stile serve` is told.
@@ -59,14 +59,17 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     let shards = config.shards.max(1);
     let budget_bytes = config.cache_mb.saturating_mul(1 << 20) / shards as u64;
     let cache_config = stile_guest::ShardConfig { budget_bytes, skew_slack_ms: stile_guest::ShardConfig::DEFAULT_SKEW_SLACK_MS };
+    // The caches judge age by PostgreSQL's clock, starting from this reading.
+    let first = DbReading { db_ms: db.clock_ms().await.context("read PostgreSQL's clock")?, received: Instant::now() };
     let mut handles = Vec::with_capacity(shards);
     let mut workers = Vec::with_capacity(shards);
     for id in 0..shards {
         let cache = ShardCache::new(config.engine, engine.as_ref(), cache_config)?;
         // A budget of 0 disables the cache: the guest's recent-use guard
         // would otherwise keep every busy partition's entry past it.
-        let shard_config = ShardConfig { hydrate: config.cache_mb > 0, ..ShardConfig::default() };
-        let (handle, worker) = shard::spawn(id, cache, db.clone(), metrics.clone(), shard_config);
+        let shard_config =
+            ShardConfig { hydrate: config.cache_mb > 0, skew_slack_ms: cache_config.skew_slack_ms, ..ShardConfig::default() };
+        let (handle, worker) = shard::spawn(id, cache, db.clone(), metrics.clone(), shard_config, first);
         handles.push(handle);
         workers.push(worker);
     }

@@ -9,6 +9,14 @@
 //!
 //! The cache only chooses `p_verified`. Every verdict comes back from the push
 //! function; the worker merely delivers it to each waiter.
+//!
+//! The cache judges age by the `now` the worker gives it, and that is never
+//! this host's wall clock: it is a lower bound of PostgreSQL's clock
+//! ([`DbClock`]), from the readings every push and hydration returns and the
+//! monotonic clock since. Each bundle carries that `now` less the skew slack
+//! ([`ClockFloor`]), and the push function refuses the vouches of a bundle
+//! whose floor its clock has not reached. A reading that shows PostgreSQL's
+//! clock stepped back replaces the cache.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,12 +25,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt as _};
-use stile_guest::{Admission, Commit, EntryState, Hydration, Millis, Plan, Segment as CacheSegment, TxnsRow};
+use stile_guest::{
+    Admission, Commit, DbClock, EntryState, Hydration, Millis, Offset, Plan, Reading, Segment as CacheSegment, TxnsRow,
+};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::cache::ShardCache;
-use crate::db::{Db, DbError, HydrationRows, MessageOutcome, SegmentOutcome, SegmentPush};
+use crate::db::{ClockFloor, Db, DbError, HydrationRows, MessageOutcome, SegmentOutcome, SegmentPush};
 use crate::fusion::{Message, PartitionQueue, Segment, Slot};
 use crate::metrics::Metrics;
 
@@ -73,12 +83,31 @@ pub struct ShardConfig {
     /// no cache entry is ever born: the cache never vouches, and every
     /// segment is probed in full.
     pub hydrate: bool,
+    /// The cache's clock-skew slack: hydrations read this much further back
+    /// than the window, a bundle's vouches hold from its `now` less this on,
+    /// and readings may fall this far below the clock's bound before they
+    /// count as a step back.
+    pub skew_slack_ms: u32,
 }
 
 impl Default for ShardConfig {
     fn default() -> ShardConfig {
-        ShardConfig { max_segment: 4096, max_in_flight: 4, housekeeping: Duration::from_secs(1), hydrate: true }
+        ShardConfig {
+            max_segment: 4096,
+            max_in_flight: 4,
+            housekeeping: Duration::from_secs(1),
+            hydrate: true,
+            skew_slack_ms: stile_guest::ShardConfig::DEFAULT_SKEW_SLACK_MS,
+        }
     }
+}
+
+/// A reading of PostgreSQL's clock: what it said, and when the answer
+/// arrived.
+#[derive(Clone, Copy, Debug)]
+pub struct DbReading {
+    pub db_ms: Millis,
+    pub received: Instant,
 }
 
 /// The sending side of a shard's queue.
@@ -114,12 +143,14 @@ pub struct PartitionPushRequest {
 
 /// Starts a shard worker; it runs until every handle is dropped and its
 /// in-flight work is done.
+/// `first` is a reading of PostgreSQL's clock to start the cache's clock from.
 pub fn spawn(
     id: usize,
     cache: ShardCache,
     db: Db,
     metrics: Arc<Metrics>,
     config: ShardConfig,
+    first: DbReading,
 ) -> (ShardHandle, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(1024);
     let worker = Worker {
@@ -131,8 +162,8 @@ pub fn spawn(
         partitions: HashMap::new(),
         requests: HashMap::new(),
         next_request: 0,
-        last_now: 0,
-        clock_lead_ms: 0,
+        clock: DbClock::new(first.db_ms, 0, config.skew_slack_ms),
+        mono_origin: first.received,
         in_flight: FuturesUnordered::new(),
     };
     let task = tokio::spawn(worker.run(rx));
@@ -148,12 +179,10 @@ struct Worker {
     partitions: HashMap<i64, PartitionState>,
     requests: HashMap<u64, RequestState>,
     next_request: u64,
-    /// The latest `now` given to the cache, which requires it monotone.
-    last_now: Millis,
-    /// How far this host's clock was last seen ahead of PostgreSQL's
-    /// (`created_ms` of a commit against the host's clock when it came back;
-    /// the round trip only adds to it, which errs on the safe side).
-    clock_lead_ms: Millis,
+    /// The cache's clock: a lower bound of PostgreSQL's, held monotone.
+    clock: DbClock,
+    /// Where the monotonic milliseconds the clock counts start.
+    mono_origin: Instant,
     in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
 }
 
@@ -201,12 +230,25 @@ struct InFlight {
     partition_id: i64,
     window_seconds: i32,
     state: EntryState,
+    p_verified: Offset,
     segment: Segment,
 }
 
+/// A bundle's answer, or a hydration's rows, with the instant they arrived.
 enum Done {
-    Bundle { segments: Vec<InFlight>, result: Result<Vec<SegmentOutcome>, DbError>, sql: Duration },
-    Hydration { partition_id: i64, window_seconds: i32, result: Result<HydrationRows, DbError> },
+    Bundle {
+        segments: Vec<InFlight>,
+        clock_floor: ClockFloor,
+        result: Result<Vec<SegmentOutcome>, DbError>,
+        sql: Duration,
+        received: Instant,
+    },
+    Hydration {
+        partition_id: i64,
+        window_seconds: i32,
+        result: Result<HydrationRows, DbError>,
+        received: Instant,
+    },
 }
 
 impl Worker {
@@ -268,7 +310,13 @@ impl Worker {
             }
             partition.busy = true;
             let segment = partition.queue.take_segment(self.config.max_segment);
-            segments.push(InFlight { partition_id, window_seconds: partition.window_seconds, state: EntryState::Cold, segment });
+            segments.push(InFlight {
+                partition_id,
+                window_seconds: partition.window_seconds,
+                state: EntryState::Cold,
+                p_verified: stile_guest::NO_VOUCH,
+                segment,
+            });
         }
         if segments.is_empty() {
             return;
@@ -276,12 +324,13 @@ impl Worker {
         // Ascending partition order keeps bundles deterministic; the push
         // function takes its locks in that order anyway.
         segments.sort_by_key(|s| s.partition_id);
-        let (segments, pushes) = self.plan(segments);
+        let (segments, pushes, clock_floor) = self.plan(segments);
         let db = self.db.clone();
         self.in_flight.push(Box::pin(async move {
             let started = Instant::now();
-            let result = db.push_bundle(&pushes).await;
-            Done::Bundle { segments, result, sql: started.elapsed() }
+            let result = db.push_bundle(clock_floor, &pushes).await;
+            let received = Instant::now();
+            Done::Bundle { segments, clock_floor, result, sql: received - started, received }
         }));
     }
 
@@ -294,19 +343,25 @@ impl Worker {
     /// partition against the earlier ones of its bundle, so the cut changes
     /// no verdict, and the pieces keep the messages' order. Scattered hits
     /// leave the segment whole (one probe, not many small segments).
-    fn plan(&mut self, segments: Vec<InFlight>) -> (Vec<InFlight>, Vec<SegmentPush>) {
+    ///
+    /// Answers the segments and their pushes with the bundle's clock floor:
+    /// the cache judged age by `now`, so its vouches hold only once
+    /// PostgreSQL's clock is past `now` less the slack.
+    fn plan(&mut self, segments: Vec<InFlight>) -> (Vec<InFlight>, Vec<SegmentPush>, ClockFloor) {
         let now = self.now();
         let first = self.ask(now, &segments);
         let mut planned: Vec<(InFlight, Option<Plan>)> = Vec::with_capacity(segments.len());
         for (in_flight, plan) in segments.into_iter().zip(first) {
-            let InFlight { partition_id, window_seconds, state, segment } = in_flight;
+            let InFlight { partition_id, window_seconds, state, p_verified, segment } = in_flight;
             match segment.cut_around(&plan.local_hits) {
                 Ok(pieces) => {
                     for segment in pieces {
-                        planned.push((InFlight { partition_id, window_seconds, state, segment }, None));
+                        planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, None));
                     }
                 }
-                Err(segment) => planned.push((InFlight { partition_id, window_seconds, state, segment }, Some(plan))),
+                Err(segment) => {
+                    planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, Some(plan)));
+                }
             }
         }
         let cut: Vec<&InFlight> = planned.iter().filter(|(_, plan)| plan.is_none()).map(|(s, _)| s).collect();
@@ -321,6 +376,7 @@ impl Worker {
         for (mut in_flight, plan) in planned {
             let plan = plan.expect("every segment and run is planned");
             in_flight.state = plan.state;
+            in_flight.p_verified = plan.p_verified;
             self.metrics.flush_size(in_flight.segment.slots.len());
             pushes.push(SegmentPush {
                 partition_id: in_flight.partition_id,
@@ -333,7 +389,8 @@ impl Worker {
             });
             segments.push(in_flight);
         }
-        (segments, pushes)
+        let clock_floor = ClockFloor(now.saturating_sub(Millis::from(self.config.skew_slack_ms)));
+        (segments, pushes, clock_floor)
     }
 
     /// One plan call: the cache's answer for each segment, in order. A local
@@ -357,25 +414,38 @@ impl Worker {
 
     fn complete(&mut self, done: Done) {
         match done {
-            Done::Bundle { segments, result, sql } => {
+            Done::Bundle { segments, clock_floor, result, sql, received } => {
                 self.metrics.sql_call(sql);
                 match result {
-                    Ok(outcomes) => self.committed(segments, outcomes),
+                    Ok(outcomes) => {
+                        if let Some(db_ms) = outcomes.iter().map(|o| o.clock_ms).max() {
+                            self.read_db_clock(DbReading { db_ms, received });
+                        }
+                        self.committed(segments, clock_floor, outcomes);
+                    }
                     Err(error) => self.failed(segments, &error),
                 }
             }
-            Done::Hydration { partition_id, window_seconds, result } => self.hydrated(partition_id, window_seconds, result),
+            Done::Hydration { partition_id, window_seconds, result, received } => {
+                if let Ok(rows) = &result {
+                    self.read_db_clock(DbReading { db_ms: rows.clock_ms, received });
+                }
+                self.hydrated(partition_id, window_seconds, result);
+            }
         }
     }
 
-    fn committed(&mut self, segments: Vec<InFlight>, outcomes: Vec<SegmentOutcome>) {
+    fn committed(&mut self, segments: Vec<InFlight>, clock_floor: ClockFloor, outcomes: Vec<SegmentOutcome>) {
         assert_eq!(segments.len(), outcomes.len(), "the push function answers every segment");
         let now = self.now();
         let mut commits: Vec<(i64, i64, Millis, Vec<u8>)> = Vec::new();
         let mut wants_hydration: Vec<(i64, i32)> = Vec::new();
         for (in_flight, outcome) in segments.into_iter().zip(outcomes) {
-            let InFlight { partition_id, window_seconds: planned, state, segment } = in_flight;
+            let InFlight { partition_id, window_seconds: planned, state, p_verified, segment } = in_flight;
             self.metrics.segment(outcome.probe);
+            if p_verified >= 0 && outcome.clock_ms < clock_floor.0 {
+                self.metrics.vouch_refused();
+            }
             let window_seconds = outcome.window_seconds;
             let partition = self.partitions.get_mut(&partition_id).expect("a partition in flight has a state");
             partition.busy = false;
@@ -385,7 +455,6 @@ impl Worker {
             let Segment { slots, hashes } = segment;
             let per_message = outcome.per_message(slots.len());
             if let Some(stored) = outcome.stored {
-                self.clock_lead_ms = now_ms().saturating_sub(stored.created_ms).max(0);
                 let hashes = if outcome.duplicates.is_empty() { hashes } else { stored_hashes(&slots, &per_message) };
                 commits.push((partition_id, stored.base_offset, stored.created_ms, hashes));
             }
@@ -440,9 +509,10 @@ impl Worker {
         }
         partition.busy = true;
         let db = self.db.clone();
+        let slack_ms = self.config.skew_slack_ms;
         self.in_flight.push(Box::pin(async move {
-            let result = db.hydration(partition_id, window_seconds).await;
-            Done::Hydration { partition_id, window_seconds, result }
+            let result = db.hydration(partition_id, window_seconds, slack_ms).await;
+            Done::Hydration { partition_id, window_seconds, result, received: Instant::now() }
         }));
     }
 
@@ -524,19 +594,42 @@ impl Worker {
         }
     }
 
-    /// The wall clock, held monotone: a clock stepped backwards repeats the
-    /// last instant rather than moving the cache's time back.
-    ///
-    /// The cache expires by this clock while PostgreSQL probes by its own, so
-    /// a host clock running ahead is pulled back by the lead last observed:
-    /// expiry then never runs ahead of the database's window.
+    /// The cache's `now`: PostgreSQL's clock as bounded from below, held
+    /// monotone.
     fn now(&mut self) -> Millis {
-        self.last_now = self.last_now.max(now_ms() - self.clock_lead_ms);
-        self.last_now
+        let mono_ms = self.mono_ms(Instant::now());
+        self.clock.now(mono_ms)
+    }
+
+    /// Milliseconds of the monotonic clock at `instant`.
+    fn mono_ms(&self, instant: Instant) -> Millis {
+        Millis::try_from(instant.saturating_duration_since(self.mono_origin).as_millis()).unwrap_or(Millis::MAX)
+    }
+
+    /// Takes a reading of PostgreSQL's clock into the cache's clock. One that
+    /// shows the clock stepped back replaces the cache: its `now` restarts
+    /// lower, and the cache requires it monotone. Segments in flight are
+    /// unaffected (their commits find no entry and are ignored).
+    fn read_db_clock(&mut self, reading: DbReading) {
+        let mono_ms = self.mono_ms(reading.received);
+        if let Reading::SteppedBack { by_ms } = self.clock.observe(reading.db_ms, mono_ms) {
+            tracing::warn!(
+                shard = self.id,
+                by_ms,
+                "PostgreSQL's clock stepped back; this shard's dedup cache starts afresh (verdicts are unaffected)"
+            );
+            self.metrics.database_clock_stepped_back();
+            self.cache.reset();
+        }
     }
 
     fn housekeeping(&mut self) {
         let now = self.now();
+        let offset_ms = wall_clock_ms().saturating_sub(self.clock.estimate(self.mono_ms(Instant::now())));
+        self.metrics.clock_offset(offset_ms);
+        if offset_ms.unsigned_abs() > u64::from(self.config.skew_slack_ms) {
+            warn_clock_offset(offset_ms, self.config.skew_slack_ms);
+        }
         self.cache.expire(now);
         // Forget the state of partitions idle for as long as the metadata
         // memo lives; their cache entries stay.
@@ -578,8 +671,26 @@ fn warn_suppressed(now: Millis, shard: usize, suppressed: u64) {
     }
 }
 
-/// The host's wall clock, in milliseconds since the Unix epoch.
-pub fn now_ms() -> Millis {
+/// Warns, once per process, that this host's wall clock is off PostgreSQL's
+/// by more than the skew slack.
+fn warn_clock_offset(offset_ms: i64, slack_ms: u32) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let direction = if offset_ms > 0 { "ahead of" } else { "behind" };
+    tracing::warn!(
+        offset_ms,
+        slack_ms,
+        "this host's clock is {:.1} s {direction} PostgreSQL's; stile judges age by PostgreSQL's clock, so verdicts \
+         are unaffected, but the host's time sync needs fixing",
+        offset_ms.unsigned_abs() as f64 / 1000.0
+    );
+}
+
+/// The host's wall clock, in milliseconds since the Unix epoch: only to
+/// measure how far it is from PostgreSQL's.
+fn wall_clock_ms() -> Millis {
     let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     Millis::try_from(since.as_millis()).unwrap_or(Millis::MAX)
 }

@@ -224,8 +224,17 @@ impl WasmShard {
         scrambled % 1_000_000 < u64::from(per_million)
     }
 
+    /// Drops the instance, with everything it holds, for a fresh one.
+    pub fn reset(&mut self) {
+        self.replace_instance();
+    }
+
     fn retire(&mut self) {
         self.rebuilds += 1;
+        self.replace_instance();
+    }
+
+    fn replace_instance(&mut self) {
         // Instantiating from a validated InstancePre fails only if the engine
         // itself is broken; keep trying rather than serve without a cache.
         loop {

@@ -112,7 +112,7 @@ impl<C: Cache> Cache for Recording<C> {
 
 /// Runs `scenario` through `make`'s cache and answers the driver's verdict
 /// and the log of every call.
-fn record<C: Cache>(scenario: &Scenario, make: impl FnOnce(ShardConfig) -> C) -> (Result<(), testing::Violation>, Vec<Call>) {
+fn record<C: Cache>(scenario: &Scenario, mut make: impl FnMut(ShardConfig) -> C) -> (Result<(), testing::Violation>, Vec<Call>) {
     let log = Rc::new(RefCell::new(Vec::new()));
     let verdict = testing::run(scenario, |config| Recording { inner: make(config), log: Rc::clone(&log) });
     let calls = log.take();

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::seq::SliceRandom;
-use stile::db::{MessageOutcome, SegmentOutcome};
+use stile::db::{ClockFloor, MessageOutcome, SegmentOutcome};
 use stile_tests::pg::{TestDb, partition_state, segment};
 use tokio::sync::Barrier;
 
@@ -37,7 +37,7 @@ async fn sixteen_pushers_of_one_transaction_id_store_it_once() {
                 let s = segment(p.id, &ids, p_verified, 3600);
                 let id = s.message_ids[at];
                 barrier.wait().await;
-                let out = db.push_bundle(&[s]).await.expect("push");
+                let out = db.push_bundle(ClockFloor::EPOCH, &[s]).await.expect("push");
                 results.push((id, at, out.into_iter().next().expect("one outcome")));
                 // Everyone finishes the round before the next starts.
                 barrier.wait().await;
@@ -123,7 +123,7 @@ async fn overlapping_bundles_in_random_order_never_deadlock() {
                         segment(pid, &refs, -1, 3600)
                     })
                     .collect();
-                let out = db.push_bundle(&segments).await.expect("no deadlock, no error");
+                let out = db.push_bundle(ClockFloor::EPOCH, &segments).await.expect("no deadlock, no error");
                 for (s, o) in segments.iter().zip(&out) {
                     assert!(o.duplicates.is_empty() && o.stored.is_some(), "{o:?}");
                     *counts.entry(s.partition_id).or_default() += s.len() as i64;

@@ -2,7 +2,7 @@
 //! what a duplicate leaves behind (nothing), and where its neighbours go.
 
 use serde_json::{Map, json};
-use stile::db::{ConfigureMode, Duplicate, MessageOutcome, ProbeMode, SegmentOutcome};
+use stile::db::{ClockFloor, ConfigureMode, Duplicate, MessageOutcome, ProbeMode, SegmentOutcome};
 use stile::payload::Payload;
 use stile_tests::pg::{TestDb, partition_state, segment};
 use tokio_postgres::types::Json;
@@ -48,11 +48,11 @@ async fn first_push_allocates_from_zero_and_writes_both_rows() {
     let p = t.db.resolve_partition("orders", "p0").await.unwrap();
     assert_eq!((p.window_seconds, p.last_offset, p.txns_start), (3600, -1, 0));
 
-    let out = t.db.push_bundle(&[segment(p.id, &["a", "b", "c"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "b", "c"], -1, 3600)]).await.unwrap();
     // An empty partition has nothing to compare against.
     assert_eq!(committed(&out[0]), (0, ProbeMode::Skipped));
     assert_eq!(out[0].window_seconds, 3600);
-    let out = t.db.push_bundle(&[segment(p.id, &["d"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["d"], -1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (3, ProbeMode::Full));
 
     let c = t.client().await;
@@ -79,12 +79,12 @@ async fn a_duplicate_writes_nothing_and_names_the_original() {
     let p = t.db.resolve_partition("orders", "p0").await.unwrap();
     let first = segment(p.id, &["a", "b", "c"], -1, 3600);
     let b_id = first.message_ids[1];
-    t.db.push_bundle(&[first]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[first]).await.unwrap();
     let c = t.client().await;
     let before = partition_state(&c, p.id).await;
 
     // A segment of duplicates only: no allocator bump, no segment, no txns row.
-    let out = t.db.push_bundle(&[segment(p.id, &["c", "b"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["c", "b"], -1, 3600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Full);
     assert_eq!(placed(&dups), vec![(0, 2), (1, 1)]);
@@ -95,7 +95,7 @@ async fn a_duplicate_writes_nothing_and_names_the_original() {
     // in their order at the next offsets, as one segment without "b".
     let s = segment(p.id, &["d", "b", "e"], -1, 3600);
     let (d_id, e_id) = (s.message_ids[0], s.message_ids[2]);
-    let out = t.db.push_bundle(&[s]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Full);
     assert_eq!(dups, vec![Duplicate { index: 1, offset: 1, message_id: b_id }]);
@@ -121,10 +121,10 @@ async fn a_duplicate_writes_nothing_and_names_the_original() {
 
     // The same id in another partition or queue is another message.
     let other = t.db.resolve_partition("orders", "p1").await.unwrap();
-    let out = t.db.push_bundle(&[segment(other.id, &["b"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(other.id, &["b"], -1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]).0, 0);
     let other_queue = t.db.resolve_partition("invoices", "p0").await.unwrap();
-    let out = t.db.push_bundle(&[segment(other_queue.id, &["b"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(other_queue.id, &["b"], -1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]).0, 0);
 }
 
@@ -139,11 +139,14 @@ async fn duplicates_of_several_segments_name_each_original() {
     ];
     let ids: Vec<uuid::Uuid> = stored.iter().flat_map(|s| s.message_ids.iter().copied()).collect();
     for s in stored {
-        t.db.push_bundle(&[s]).await.unwrap();
+        t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
     }
     // Originals in three segments, named out of offset order, around a new id.
     for (p_verified, fresh, stored) in [(-1, "new1", 8), (2, "new2", 9)] {
-        let out = t.db.push_bundle(&[segment(p.id, &["g", "a", fresh, "e", "b", "h"], p_verified, 3600)]).await.unwrap();
+        let out =
+            t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["g", "a", fresh, "e", "b", "h"], p_verified, 3600)])
+                .await
+                .unwrap();
         assert_eq!(stored_at(&out[0]), Some(stored));
         let (dups, _) = duplicates(&out[0]);
         let expected: Vec<Duplicate> = [(0, 6), (1, 0), (3, 4), (4, 1), (5, 7)]
@@ -164,35 +167,35 @@ async fn a_narrowed_retry_is_answered_from_the_first_row_of_its_span_when_it_hol
     let s1 = segment(p.id, &["d", "e", "b2"], -1, 3600);
     let ids: Vec<uuid::Uuid> = s0.message_ids.iter().chain(&s1.message_ids).copied().collect();
     for s in [s0, s1] {
-        t.db.push_bundle(&[s]).await.unwrap();
+        t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
     }
     // The span (0, 5] starts in s0, which holds both: answered from it.
-    let out = t.db.push_bundle(&[segment(p.id, &["c", "b"], 0, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["c", "b"], 0, 3600)]).await.unwrap();
     assert_eq!(out[0].probe, ProbeMode::Narrowed);
     assert_eq!(named(&out[0].duplicates), vec![(0, 2, ids[2]), (1, 1, ids[1])]);
     assert_eq!(stored_at(&out[0]), None);
     // s0 holds "c" but not "e": every row of the span is read.
-    let out = t.db.push_bundle(&[segment(p.id, &["e", "c"], 0, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["e", "c"], 0, 3600)]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), vec![(0, 4, ids[4]), (1, 2, ids[2])]);
     // A floor a few offsets below the original: with up to four hashes the
     // first row holding any of them is tried, here s1.
-    let out = t.db.push_bundle(&[segment(p.id, &["e", "d"], 0, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["e", "d"], 0, 3600)]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), vec![(0, 4, ids[4]), (1, 3, ids[3])]);
-    let out = t.db.push_bundle(&[segment(p.id, &["b2"], 0, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["b2"], 0, 3600)]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), vec![(0, 5, ids[5])]);
     // More than four hashes, the same.
     let all = ["b2", "e", "d", "c", "b"];
-    let out = t.db.push_bundle(&[segment(p.id, &all, 0, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &all, 0, 3600)]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), vec![(0, 5, ids[5]), (1, 4, ids[4]), (2, 3, ids[3]), (3, 2, ids[2]), (4, 1, ids[1])]);
     let fresh = segment(p.id, &["e", "d", "b2", "x", "y"], 2, 3600);
     let ids_xy = [fresh.message_ids[3], fresh.message_ids[4]];
-    let out = t.db.push_bundle(&[fresh]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[fresh]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), vec![(0, 4, ids[4]), (1, 3, ids[3]), (2, 5, ids[5])]);
     assert_eq!(stored_at(&out[0]), Some(6));
     // Its messages removed by retention, the originals' ids are unknown.
     let c = t.client().await;
     c.execute("DELETE FROM stile.segments WHERE partition_id = $1 AND base_offset = 3", &[&p.id]).await.unwrap();
-    let out = t.db.push_bundle(&[segment(p.id, &["e", "d"], 2, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["e", "d"], 2, 3600)]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), vec![(0, 4, uuid::Uuid::nil()), (1, 3, uuid::Uuid::nil())]);
     // A first row outside the window does not count: the next one is first.
     set_window(&t, "q", 60).await;
@@ -202,11 +205,11 @@ async fn a_narrowed_retry_is_answered_from_the_first_row_of_its_span_when_it_hol
     )
     .await
     .unwrap();
-    let out = t.db.push_bundle(&[segment(p.id, &["c", "b"], 0, 60)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["c", "b"], 0, 60)]).await.unwrap();
     assert_eq!((out[0].probe, out[0].duplicates.len(), stored_at(&out[0])), (ProbeMode::Narrowed, 0, Some(8)));
-    let out = t.db.push_bundle(&[segment(p.id, &["e", "d"], 0, 60)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["e", "d"], 0, 60)]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), vec![(0, 4, uuid::Uuid::nil()), (1, 3, uuid::Uuid::nil())]);
-    let out = t.db.push_bundle(&[segment(p.id, &["x", "y"], 5, 60)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["x", "y"], 5, 60)]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), vec![(0, 6, ids_xy[0]), (1, 7, ids_xy[1])]);
 }
 
@@ -221,13 +224,13 @@ async fn a_retry_that_is_a_run_of_its_row_is_answered_from_that_row() {
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let row = segment(p.id, &names, -1, 3600);
     let row_ids = row.message_ids.clone();
-    t.db.push_bundle(&[segment(p.id, &["before"], -1, 3600)]).await.unwrap();
-    t.db.push_bundle(&[row]).await.unwrap();
-    t.db.push_bundle(&[segment(p.id, &["after"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["before"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[row]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["after"], -1, 3600)]).await.unwrap();
     // The row holds offsets 1 to 60.
     for (from, len) in [(0, 60), (0, 1), (0, 10), (7, 1), (7, 10), (20, 17), (23, 37), (59, 1)] {
         let retry = segment(p.id, &names[from..from + len], 0, 3600);
-        let out = t.db.push_bundle(&[retry]).await.unwrap();
+        let out = t.db.push_bundle(ClockFloor::EPOCH, &[retry]).await.unwrap();
         assert_eq!((out[0].probe, stored_at(&out[0])), (ProbeMode::Narrowed, None), "{from}+{len}");
         let expected: Vec<(u32, i64, uuid::Uuid)> =
             (0..len).map(|j| (j as u32, 1 + (from + j) as i64, row_ids[from + j])).collect();
@@ -236,7 +239,7 @@ async fn a_retry_that_is_a_run_of_its_row_is_answered_from_that_row() {
     // Its messages removed by retention, the ids are unknown, the offsets not.
     let c = t.client().await;
     c.execute("DELETE FROM stile.segments WHERE partition_id = $1 AND base_offset = 1", &[&p.id]).await.unwrap();
-    let out = t.db.push_bundle(&[segment(p.id, &names[3..30], 0, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &names[3..30], 0, 3600)]).await.unwrap();
     let expected: Vec<(u32, i64, uuid::Uuid)> = (0..27).map(|j| (j as u32, 4 + j as i64, uuid::Uuid::nil())).collect();
     assert_eq!(named(&out[0].duplicates), expected);
     let (last_offset, _, _, txns_rows) = partition_state(&c, p.id).await;
@@ -261,17 +264,17 @@ async fn a_hash_that_a_row_holds_only_across_two_hashes_is_not_found_there() {
     // byte 8, which is no hash of it.
     let straddle: [u8; 16] = std::array::from_fn(|i| if i < 8 { a[8 + i] } else { b[i - 8] });
     let original = segment_of_hashes(p.id, &[a, b], -1);
-    t.db.push_bundle(&[original]).await.unwrap();
-    let out = t.db.push_bundle(&[segment_of_hashes(p.id, &[straddle], 0)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[original]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment_of_hashes(p.id, &[straddle], 0)]).await.unwrap();
     assert_eq!((out[0].probe, out[0].duplicates.len(), stored_at(&out[0])), (ProbeMode::Narrowed, 0, Some(2)));
     // A row holding it across two hashes first and as a hash of its own
     // after: the duplicate is found at its own place.
     let p2 = t.db.resolve_partition("q", "p2").await.unwrap();
     let row = segment_of_hashes(p2.id, &[a, b, straddle], -1);
     let straddle_id = row.message_ids[2];
-    t.db.push_bundle(&[row]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[row]).await.unwrap();
     for (retry, expected) in [(vec![straddle], vec![(0, 2)]), (vec![a, straddle], vec![(0, 0), (1, 2)])] {
-        let out = t.db.push_bundle(&[segment_of_hashes(p2.id, &retry, 0)]).await.unwrap();
+        let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment_of_hashes(p2.id, &retry, 0)]).await.unwrap();
         assert_eq!(out[0].probe, ProbeMode::Narrowed);
         assert_eq!(placed(&out[0].duplicates), expected);
         assert_eq!(out[0].duplicates.last().map(|d| d.message_id), Some(straddle_id));
@@ -302,7 +305,7 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
     for batch in [vec!["z"], vec!["a"], vec!["b", "c"], vec!["x"; 10], vec!["y"; 20]] {
         let names: Vec<String> = batch.iter().enumerate().map(|(i, n)| format!("{n}{i}")).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        t.db.push_bundle(&[segment(p.id, &names, -1, 3600)]).await.unwrap();
+        t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &names, -1, 3600)]).await.unwrap();
     }
     let c = t.client().await;
     // 20,000 rows after them, one hash each, then fresh statistics.
@@ -331,7 +334,7 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
         let rows = c
             .query(
                 "SELECT probe, dup_idx, dup_off FROM stile.push(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY[3600], \
-                        ARRAY[$3::integer], ARRAY[$4::bytea], $5::uuid[], $6::text[], $7::json[])",
+                        ARRAY[$3::integer], ARRAY[$4::bytea], $5::uuid[], $6::text[], $7::json[], 0)",
                 &[
                     &p.id,
                     &floor,
@@ -363,18 +366,18 @@ async fn min_picks_the_first_occurrence() {
     let s0 = segment(p.id, &["x", "a"], -1, 0);
     let a_id = s0.message_ids[1];
     for s in [s0, segment(p.id, &["a"], -1, 0), segment(p.id, &["y", "a"], -1, 0)] {
-        let out = t.db.push_bundle(&[s]).await.unwrap();
+        let out = t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
         assert_eq!(committed(&out[0]).1, ProbeMode::Off);
     }
     // "a" is stored at offsets 1, 2 and 4; with the window back on, the
     // answer carries the first.
     set_window(&t, "q", 3600).await;
-    let out = t.db.push_bundle(&[segment(p.id, &["a", "z"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "z"], -1, 3600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Full);
     assert_eq!(dups, vec![Duplicate { index: 0, offset: 1, message_id: a_id }]);
     // A narrowed probe above offset 1 finds the next one still inside.
-    let out = t.db.push_bundle(&[segment(p.id, &["w", "a"], 1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["w", "a"], 1, 3600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Narrowed);
     assert_eq!(placed(&dups), vec![(1, 2)]);
@@ -392,14 +395,14 @@ async fn past_four_hashes_a_row_below_the_tried_one_holding_another_hash_sends_t
     store_with_repeats(&t, [segment(p.id, &["z"], -1, 0), k5_first, b]).await;
     // The first row holding one of k0-k3 is at 2-7 and holds all six, but
     // the row at 1 holds k5: its first occurrence is there.
-    let out = t.db.push_bundle(&[segment(p.id, &ks, 0, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &ks, 0, 3600)]).await.unwrap();
     assert_eq!(out[0].probe, ProbeMode::Narrowed);
     let got = named(&out[0].duplicates);
     let mut expected: Vec<(u32, i64, uuid::Uuid)> = (0..5).map(|i| (i, 2 + i64::from(i), b_ids[i as usize])).collect();
     expected.push((5, 1, k5_id));
     assert_eq!(got, expected);
     // Floored above the row at 1, the row at 2-7 answers alone.
-    let out = t.db.push_bundle(&[segment(p.id, &ks, 1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &ks, 1, 3600)]).await.unwrap();
     let got = placed(&out[0].duplicates);
     assert_eq!(got, (0..6).map(|i| (i, 2 + i64::from(i))).collect::<Vec<_>>());
 }
@@ -420,13 +423,13 @@ async fn a_row_below_the_tried_one_is_searched_above_the_floor_only() {
     // Floored at 0 and at 2, the row at 1-3 holds k5 above the floor: its
     // first occurrence is there.
     for p_verified in [0, 2] {
-        let out = t.db.push_bundle(&[segment(p.id, &ks, p_verified, 3600)]).await.unwrap();
+        let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &ks, p_verified, 3600)]).await.unwrap();
         assert_eq!(out[0].probe, ProbeMode::Narrowed);
         let got = named(&out[0].duplicates);
         assert_eq!(got, first_occurrences, "floored at {p_verified}");
     }
     // Floored at 3, the row at 4-9 answers alone.
-    let out = t.db.push_bundle(&[segment(p.id, &ks, 3, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &ks, 3, 3600)]).await.unwrap();
     let got = placed(&out[0].duplicates);
     assert_eq!(got, (0..6).map(|i| (i, 4 + i64::from(i))).collect::<Vec<_>>());
 }
@@ -436,19 +439,19 @@ async fn a_hash_older_than_the_window_is_new_again() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
     set_window(&t, "q", 60).await;
-    t.db.push_bundle(&[segment(p.id, &["a", "b"], -1, 60)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "b"], -1, 60)]).await.unwrap();
     let c = t.client().await;
     // Age the first segment by two minutes instead of waiting.
     c.execute("UPDATE stile.txns SET created_at = created_at - interval '2 minutes' WHERE partition_id = $1", &[&p.id])
         .await
         .unwrap();
-    t.db.push_bundle(&[segment(p.id, &["c"], -1, 60)]).await.unwrap();
-    let out = t.db.push_bundle(&[segment(p.id, &["a", "c"], -1, 60)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["c"], -1, 60)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "c"], -1, 60)]).await.unwrap();
     // "c" (offset 2) is inside the window, "a" (offset 0) is not: stored.
     let (dups, _) = duplicates(&out[0]);
     assert_eq!(placed(&dups), vec![(1, 2)]);
     assert_eq!(stored_at(&out[0]), Some(3));
-    let out = t.db.push_bundle(&[segment(p.id, &["b"], -1, 60)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["b"], -1, 60)]).await.unwrap();
     assert_eq!(committed(&out[0]), (4, ProbeMode::Full));
 }
 
@@ -456,25 +459,25 @@ async fn a_hash_older_than_the_window_is_new_again() {
 async fn p_verified_skips_or_narrows_the_probe() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    t.db.push_bundle(&[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
 
     // Vouched up to last_offset: no probe at all.
-    let out = t.db.push_bundle(&[segment(p.id, &["c"], 1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["c"], 1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (2, ProbeMode::Skipped));
     // The vouch is trusted: a hash at or below it is not looked for (a cache
     // vouches only for what it knows is absent, so this never happens).
-    let out = t.db.push_bundle(&[segment(p.id, &["a"], 2, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], 2, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (3, ProbeMode::Skipped));
     // Vouched below last_offset: the span above is still probed.
-    let out = t.db.push_bundle(&[segment(p.id, &["d", "c"], 1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["d", "c"], 1, 3600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Narrowed);
     assert_eq!(placed(&dups), vec![(1, 2)]);
     assert_eq!(stored_at(&out[0]), Some(4));
-    let out = t.db.push_bundle(&[segment(p.id, &["e"], 1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["e"], 1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (5, ProbeMode::Narrowed));
     // A vouch beyond the allocator is clamped to it.
-    let out = t.db.push_bundle(&[segment(p.id, &["f"], 1_000, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["f"], 1_000, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (6, ProbeMode::Skipped));
 }
 
@@ -482,18 +485,18 @@ async fn p_verified_skips_or_narrows_the_probe() {
 async fn txns_start_bounds_the_probe() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    t.db.push_bundle(&[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
-    t.db.push_bundle(&[segment(p.id, &["b"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["b"], -1, 3600)]).await.unwrap();
     let c = t.client().await;
     // Offsets below txns_start count as purged even while their row lingers.
     c.execute("UPDATE stile.partitions SET txns_start = 1 WHERE id = $1", &[&p.id]).await.unwrap();
-    let out = t.db.push_bundle(&[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (2, ProbeMode::Full));
-    let out = t.db.push_bundle(&[segment(p.id, &["b"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["b"], -1, 3600)]).await.unwrap();
     assert_eq!(duplicates(&out[0]).0[0].offset, 1);
     // Everything below txns_start: nothing to probe.
     c.execute("UPDATE stile.partitions SET txns_start = 3 WHERE id = $1", &[&p.id]).await.unwrap();
-    let out = t.db.push_bundle(&[segment(p.id, &["b"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["b"], -1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (3, ProbeMode::Skipped));
 }
 
@@ -503,7 +506,7 @@ async fn window_zero_skips_the_probe_but_writes_txns() {
     let p = t.db.resolve_partition("q", "p").await.unwrap();
     set_window(&t, "q", 0).await;
     for expected in 0..3 {
-        let out = t.db.push_bundle(&[segment(p.id, &["same"], -1, 0)]).await.unwrap();
+        let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["same"], -1, 0)]).await.unwrap();
         assert_eq!(committed(&out[0]), (expected, ProbeMode::Off));
         assert_eq!(out[0].window_seconds, 0);
     }
@@ -515,17 +518,17 @@ async fn window_zero_skips_the_probe_but_writes_txns() {
 async fn a_window_larger_than_planned_forces_the_full_probe() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    t.db.push_bundle(&[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
     // The cache planned under 60 s and vouches up to last_offset: the window
     // is 3600 s now, so the vouch is void.
-    let out = t.db.push_bundle(&[segment(p.id, &["b"], 1, 60)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["b"], 1, 60)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Full);
     assert_eq!(dups[0].offset, 1);
     // Planned under the same or a larger window, the vouch holds.
-    let out = t.db.push_bundle(&[segment(p.id, &["c"], 1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["c"], 1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (2, ProbeMode::Skipped));
-    let out = t.db.push_bundle(&[segment(p.id, &["d"], 2, 7200)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["d"], 2, 7200)]).await.unwrap();
     assert_eq!(committed(&out[0]), (3, ProbeMode::Skipped));
 }
 
@@ -533,12 +536,13 @@ async fn a_window_larger_than_planned_forces_the_full_probe() {
 async fn a_later_segment_of_the_same_partition_is_probed_against_the_earlier() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    t.db.push_bundle(&[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
     // Both segments vouched at last_offset = 0, as a cache planning them in
     // one flush would.
     let s1 = segment(p.id, &["x", "y"], 0, 3600);
     let y_id = s1.message_ids[1];
-    let out = t.db.push_bundle(&[s1, segment(p.id, &["y"], 0, 3600), segment(p.id, &["z"], 0, 3600)]).await.unwrap();
+    let out =
+        t.db.push_bundle(ClockFloor::EPOCH, &[s1, segment(p.id, &["y"], 0, 3600), segment(p.id, &["z"], 0, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (1, ProbeMode::Skipped));
     let (dups, probe) = duplicates(&out[1]);
     assert_eq!(probe, ProbeMode::Narrowed);
@@ -554,14 +558,13 @@ async fn a_bundle_with_a_duplicate_commits_the_other_partitions() {
     let p3 = t.db.resolve_partition("other", "p3").await.unwrap();
     let seed = segment(p2.id, &["x"], -1, 3600);
     let x_id = seed.message_ids[0];
-    t.db.push_bundle(&[seed]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[seed]).await.unwrap();
 
     let out =
-        t.db.push_bundle(&[
-            segment(p3.id, &["a", "b"], -1, 3600),
-            segment(p2.id, &["y", "x"], -1, 3600),
-            segment(p1.id, &["x"], -1, 3600),
-        ])
+        t.db.push_bundle(
+            ClockFloor::EPOCH,
+            &[segment(p3.id, &["a", "b"], -1, 3600), segment(p2.id, &["y", "x"], -1, 3600), segment(p1.id, &["x"], -1, 3600)],
+        )
         .await
         .unwrap();
     assert_eq!(committed(&out[0]).0, 0);
@@ -578,17 +581,20 @@ async fn a_bundle_with_a_duplicate_commits_the_other_partitions() {
 async fn malformed_bundles_are_refused_whole() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    assert!(t.db.push_bundle(&[]).await.unwrap().is_empty());
+    assert!(t.db.push_bundle(ClockFloor::EPOCH, &[]).await.unwrap().is_empty());
     let c = t.client().await;
-    let rows = c.query("SELECT * FROM stile.push('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", &[]).await.unwrap();
+    let rows = c.query("SELECT * FROM stile.push('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', 0)", &[]).await.unwrap();
     assert!(rows.is_empty());
 
     let mut bad = segment(p.id, &["a", "b"], -1, 3600);
     bad.hashes.truncate(20);
-    let e = t.db.push_bundle(&[bad]).await.unwrap_err();
+    let e = t.db.push_bundle(ClockFloor::EPOCH, &[bad]).await.unwrap_err();
     assert!(!e.is_unavailable() && e.kind() == "invalid", "{e}");
 
-    let e = t.db.push_bundle(&[segment(p.id, &["a"], -1, 3600), segment(p.id + 1000, &["b"], -1, 3600)]).await.unwrap_err();
+    let e =
+        t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], -1, 3600), segment(p.id + 1000, &["b"], -1, 3600)])
+            .await
+            .unwrap_err();
     assert!(!e.is_unavailable(), "{e}");
     assert!(e.to_string().contains("unknown partition"), "{e}");
     assert_eq!(partition_state(&c, p.id).await, (-1, 0, 0, 0));
@@ -610,7 +616,7 @@ async fn reads_return_what_was_pushed() {
     let s0 = segment(p.id, &["a", "b", "c"], -1, 3600);
     let s1 = segment(p.id, &["d", "e"], -1, 3600);
     let ids: Vec<_> = s0.message_ids.iter().chain(&s1.message_ids).copied().collect();
-    let out = t.db.push_bundle(&[s0, s1]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[s0, s1]).await.unwrap();
     let created_ms = out[0].stored.expect("stored").created_ms;
 
     let all = t.db.read_messages("q", "p", 0, 100).await.unwrap();
@@ -643,7 +649,7 @@ async fn reads_return_what_was_pushed() {
     let m = t.db.message_by_transaction_id("q", "p", hash("b"), "coll").await.unwrap().unwrap();
     assert_eq!(m.offset, 5);
     // Newest first when an id is stored twice (window 0).
-    t.db.push_bundle(&[segment(p.id, &["a"], -1, 0)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], -1, 0)]).await.unwrap();
     let m = t.db.message_by_transaction_id("q", "p", hash("a"), "a").await.unwrap().unwrap();
     assert_eq!(m.offset, 6);
 }
@@ -653,26 +659,26 @@ async fn reads_return_what_was_pushed() {
 async fn store_with_repeats<const N: usize>(t: &TestDb, segments: [stile::db::SegmentPush; N]) {
     set_window(t, "q", 0).await;
     for s in segments {
-        t.db.push_bundle(&[s]).await.unwrap();
+        t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
     }
     set_window(t, "q", 3600).await;
 }
 
 async fn set_window_zero_then_push(t: &TestDb, s: stile::db::SegmentPush) {
     set_window(t, "q", 0).await;
-    t.db.push_bundle(&[s]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
 }
 
 #[tokio::test]
 async fn hydration_reads_the_window_and_the_allocator_together() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    let h = t.db.hydration(p.id, 60).await.unwrap();
+    let h = t.db.hydration(p.id, 60, 5_000).await.unwrap();
     assert_eq!((h.last_offset, h.txns_start, h.rows.len()), (-1, 0, 0));
 
-    t.db.push_bundle(&[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
-    t.db.push_bundle(&[segment(p.id, &["c"], -1, 3600)]).await.unwrap();
-    let out = t.db.push_bundle(&[segment(p.id, &["d"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["c"], -1, 3600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["d"], -1, 3600)]).await.unwrap();
     let created_ms = out[0].stored.expect("stored").created_ms;
     let c = t.client().await;
     // Row 0 is 10 minutes old, row 2 is 62 s old: outside 60 s, but inside
@@ -691,14 +697,81 @@ async fn hydration_reads_the_window_and_the_allocator_together() {
     )
     .await
     .unwrap();
-    let h = t.db.hydration(p.id, 60).await.unwrap();
+    let h = t.db.hydration(p.id, 60, 5_000).await.unwrap();
     assert_eq!(h.last_offset, 3);
     assert_eq!(h.rows.iter().map(|r| (r.base_offset, r.end_offset)).collect::<Vec<_>>(), vec![(2, 2), (3, 3)]);
     assert_eq!(h.rows[1].created_ms, created_ms);
     assert_eq!(h.rows[1].hashes, stile::hash::txn_hash("d").to_vec());
-    let h = t.db.hydration(p.id, 3600).await.unwrap();
+    let h = t.db.hydration(p.id, 3600, 5_000).await.unwrap();
     assert_eq!(h.rows.len(), 3);
-    assert!(t.db.hydration(p.id + 1000, 60).await.unwrap_err().kind() == "not_found");
+    assert!(t.db.hydration(p.id + 1000, 60, 5_000).await.unwrap_err().kind() == "not_found");
+    // The slack is the caller's: without it, the 62 s old row is left out.
+    let h = t.db.hydration(p.id, 60, 0).await.unwrap();
+    assert_eq!(h.rows.iter().map(|r| r.base_offset).collect::<Vec<_>>(), vec![3]);
+}
+
+#[tokio::test]
+async fn pushes_and_hydrations_read_the_database_clock() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let before = t.db.clock_ms().await.unwrap();
+    let out =
+        t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], -1, 3600), segment(p.id, &["a"], -1, 3600)]).await.unwrap();
+    let hydration = t.db.hydration(p.id, 60, 5_000).await.unwrap();
+    let after = t.db.clock_ms().await.unwrap();
+    let readings = [out[0].clock_ms, out[1].clock_ms, hydration.clock_ms];
+    assert!(readings.iter().all(|&ms| (before..=after).contains(&ms)), "{before} <= {readings:?} <= {after}");
+    assert!(readings.is_sorted(), "{readings:?}");
+    // A stored segment's created_ms is the same instant, rounded up.
+    let created_ms = out[0].stored.expect("stored").created_ms;
+    assert!((out[0].clock_ms..=out[0].clock_ms + 1).contains(&created_ms), "{created_ms} vs {}", out[0].clock_ms);
+    assert!(out[1].stored.is_none(), "the second segment repeats the first");
+}
+
+/// The cache judges age by the `now` it was given. A vouch made under a
+/// `now` this database's clock has not reached (a gateway whose bound ran
+/// ahead, or this clock stepped back) may skip hashes the window still
+/// holds: the push function refuses it and probes the whole window.
+#[tokio::test]
+async fn a_vouch_planned_ahead_of_the_database_clock_is_refused() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
+    let now = t.db.clock_ms().await.unwrap();
+
+    // A cache that expired "a" vouches past it, planned an hour ahead.
+    let ahead = ClockFloor(now + 3_600_000);
+    let out = t.db.push_bundle(ahead, &[segment(p.id, &["a", "c"], 1, 3600)]).await.unwrap();
+    let (found, probe) = duplicates(&out[0]);
+    assert_eq!((placed(&found), probe), (vec![(0, 0)], ProbeMode::Full));
+    assert_eq!(stored_at(&out[0]), Some(2));
+    assert!(out[0].clock_ms < ahead.0);
+
+    // Planned at a time the clock has passed, the same vouch is honoured as
+    // given: the push function skips what it vouches for, and "b" (which
+    // it wrongly covers) is stored again. That is why the floor matters.
+    let out = t.db.push_bundle(ClockFloor(now - 5_000), &[segment(p.id, &["b"], 2, 3600)]).await.unwrap();
+    assert_eq!(committed(&out[0]), (3, ProbeMode::Skipped));
+
+    // No floor at all (NULL) vouches for nothing.
+    let c = t.client().await;
+    let retry = segment(p.id, &["c"], 3, 3600);
+    let rows = c
+        .query(
+            "SELECT probe, dup_off FROM stile.push(ARRAY[$1::bigint], ARRAY[3::bigint], ARRAY[3600], ARRAY[1], \
+                    ARRAY[$2::bytea], $3::uuid[], $4::text[], $5::json[], NULL)",
+            &[
+                &p.id,
+                &retry.hashes,
+                &retry.message_ids,
+                &retry.transaction_ids,
+                &retry.payloads.iter().map(|payload| Json(payload.raw())).collect::<Vec<_>>(),
+            ],
+        )
+        .await
+        .unwrap();
+    let (probe, offsets): (String, Vec<i64>) = (rows[0].get(0), rows[0].get(1));
+    assert_eq!((probe.as_str(), offsets), ("full", vec![2]));
 }
 
 #[tokio::test]
@@ -711,8 +784,8 @@ async fn retention_purges_segments_and_txns_outside_the_window() {
     options.insert("dedupWindowSeconds".into(), json!(600));
     t.db.configure("short", &options, ConfigureMode::Merge).await.unwrap();
     for s in [&["a", "b"][..], &["c"], &["d"]] {
-        t.db.push_bundle(&[segment(p.id, s, -1, 600)]).await.unwrap();
-        t.db.push_bundle(&[segment(kept.id, s, -1, 3600)]).await.unwrap();
+        t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, s, -1, 600)]).await.unwrap();
+        t.db.push_bundle(ClockFloor::EPOCH, &[segment(kept.id, s, -1, 3600)]).await.unwrap();
     }
     let c = t.client().await;
     // Everything is 2 hours old except offset 3 ("d"), which is 2 minutes:
@@ -738,12 +811,12 @@ async fn retention_purges_segments_and_txns_outside_the_window() {
 
     // "d" is still a duplicate (its hash is inside the window), but its
     // message is gone: the original's id is unknown.
-    let out = t.db.push_bundle(&[segment(p.id, &["d"], -1, 600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["d"], -1, 600)]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!(probe, ProbeMode::Full);
     assert_eq!((dups[0].offset, dups[0].message_id), (3, uuid::Uuid::nil()));
     // "a" is past the watermark: new again.
-    let out = t.db.push_bundle(&[segment(p.id, &["a"], -1, 600)]).await.unwrap();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], -1, 600)]).await.unwrap();
     assert_eq!(committed(&out[0]), (4, ProbeMode::Full));
     // Nothing more to purge.
     let report = t.db.purge().await.unwrap();

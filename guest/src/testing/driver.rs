@@ -2,14 +2,21 @@
 //! to the model database, and checks every answer.
 //!
 //! The invariant that matters: whenever the cache answers `p_verified = v`
-//! with `v >= 0` for a segment, none of the segment's hashes is stored at an
-//! offset at or below `v` within the window, as PostgreSQL would see it at
-//! that moment. Around it, checks that the cache is not trivially sound
-//! (a vouching entry that has been told every commit vouches for the
-//! allocator; fresh hashes are never hits; a fresh hydration vouches at
-//! once; a brand-new partition is always admitted) and that its answers are
-//! well formed.
+//! with `v >= 0` for a segment and the push function honours it, none of the
+//! segment's hashes is stored at an offset at or below `v` within the window,
+//! as PostgreSQL would see it at that moment. The push function honours a
+//! vouch only while its clock is at or past the cache's `now` less the skew
+//! slack (the cache judged age by that `now`), and the host derives `now`
+//! from PostgreSQL's clock readings with [`DbClock`], never from its own
+//! wall clock, so clock offsets and steps of either clock may cost probes
+//! and never a verdict. Around it, checks that the cache is not trivially
+//! sound (a vouching entry that has been told every commit vouches for the
+//! allocator; fresh hashes are never hits; a fresh hydration vouches at once;
+//! a brand-new partition is always admitted; a vouch is refused only after
+//! PostgreSQL's clock stepped back unseen) and that its answers are well
+//! formed.
 
+use std::boxed::Box;
 use std::fmt;
 use std::format;
 use std::string::String;
@@ -20,6 +27,7 @@ use super::Cache;
 use super::model::{Database, Read, Row};
 use super::strategy::{Estimate, MalformedInput, Op, PARTITIONS, PushSegment, Scenario};
 use crate::api::*;
+use crate::clock::{DbClock, Reading};
 use crate::hash::{Hash, encode};
 
 /// A broken property: which step, and what was wrong.
@@ -38,10 +46,43 @@ impl fmt::Display for Violation {
 
 impl std::error::Error for Violation {}
 
-/// Runs a scenario against a cache made by `make` from the scenario's
-/// configuration.
-pub fn run<C: Cache>(scenario: &Scenario, make: impl FnOnce(ShardConfig) -> C) -> Result<(), Violation> {
-    let mut driver = Driver::new(scenario, make(scenario.config));
+/// Runs a scenario against caches made by `make` from the scenario's
+/// configuration: one at the start, and a fresh one whenever the host
+/// replaces its cache (after PostgreSQL's clock stepped back).
+pub fn run<C: Cache>(scenario: &Scenario, make: impl FnMut(ShardConfig) -> C) -> Result<(), Violation> {
+    let clock = DbClock::new(START_MS, 0, scenario.config.skew_slack_ms);
+    run_as(scenario, make, Host { clock: Box::new(clock), push_guard: true })
+}
+
+/// How the host and the push function treat time: the gateway's rules in
+/// [`run`], broken ones in the tests below.
+struct Host {
+    clock: Box<dyn HostClock>,
+    /// Whether the push function refuses a vouch when its clock is behind
+    /// the cache's `now` less the skew slack.
+    push_guard: bool,
+}
+
+/// How a host derives the cache's `now` from the clocks it has.
+trait HostClock {
+    /// A reading of PostgreSQL's clock, received at these readings of the
+    /// host's monotonic and wall clocks.
+    fn observe(&mut self, db_ms: Millis, mono_ms: Millis, wall_ms: Millis) -> Reading;
+    fn now(&mut self, mono_ms: Millis, wall_ms: Millis) -> Millis;
+}
+
+impl HostClock for DbClock {
+    fn observe(&mut self, db_ms: Millis, mono_ms: Millis, _wall_ms: Millis) -> Reading {
+        DbClock::observe(self, db_ms, mono_ms)
+    }
+
+    fn now(&mut self, mono_ms: Millis, _wall_ms: Millis) -> Millis {
+        DbClock::now(self, mono_ms)
+    }
+}
+
+fn run_as<C: Cache, M: FnMut(ShardConfig) -> C>(scenario: &Scenario, make: M, host: Host) -> Result<(), Violation> {
+    let mut driver = Driver::new(scenario, make, host);
     driver.check_stats().map_err(|message| Violation { step: 0, message })?;
     for (step, op) in scenario.ops.iter().enumerate() {
         driver
@@ -71,38 +112,80 @@ struct HostView {
     /// The gate cannot hold a footprint hint or a cooldown for it: never
     /// hydrated, never asked with an estimate, since the start or a forget.
     pristine: bool,
-    snapshot: Option<Read>,
+    snapshot: Option<Snapshot>,
     last_commit: Option<Row>,
 }
 
-struct Driver<'s, C> {
+/// A read kept for a later, stale hydration, with the reading of
+/// PostgreSQL's clock it brings.
+#[derive(Clone, Debug)]
+struct Snapshot {
+    read: Read,
+    db_ms: Millis,
+    /// [`Clocks::db_steps_back`] when it was taken.
+    db_steps_back: u64,
+}
+
+/// The three clocks: the host's monotonic clock, and PostgreSQL's and the
+/// host's wall clock as offsets from it, each stepped on its own.
+#[derive(Clone, Copy, Debug)]
+struct Clocks {
+    mono_ms: Millis,
+    db_offset_ms: Millis,
+    wall_offset_ms: Millis,
+    /// PostgreSQL's clock stepped back since the host last read it (or the
+    /// host took a reading from before a step back): until the host reads
+    /// it again, the host's bound may be ahead of it, and the push function
+    /// refuses the cache's vouches.
+    db_stepped_back_unseen: bool,
+    /// How many times PostgreSQL's clock stepped back.
+    db_steps_back: u64,
+}
+
+struct Driver<'s, C, M> {
     scenario: &'s Scenario,
+    make: M,
     cache: C,
+    host: Host,
     database: Database,
     hosts: Vec<HostView>,
-    /// The gateway's clock; PostgreSQL's is this plus the skew.
-    now_ms: Millis,
+    clocks: Clocks,
+    /// The `now` of the latest plan call.
+    planned_at: Millis,
     fresh_ids: u64,
     segments_planned: u64,
     hydrations: u64,
     last_stats: Stats,
 }
 
+/// PostgreSQL's clock (and the monotonic clock's origin) at the start.
+const START_MS: Millis = 1_700_000_000_000;
+
 /// Fresh ids live above every id of a hash space.
 const FRESH_BASE: u64 = 1 << 62;
 
-impl<'s, C: Cache> Driver<'s, C> {
-    fn new(scenario: &'s Scenario, cache: C) -> Self {
+impl<'s, C: Cache, M: FnMut(ShardConfig) -> C> Driver<'s, C, M> {
+    fn new(scenario: &'s Scenario, mut make: M, host: Host) -> Self {
         let mut database = Database::default();
         for (&partition, &window_ms) in PARTITIONS.iter().zip(&scenario.windows_ms) {
             database.create(partition, window_ms);
         }
+        let cache = make(scenario.config);
         Driver {
             scenario,
+            make,
             cache,
+            host,
             database,
             hosts: vec![HostView { pristine: true, ..HostView::default() }; PARTITIONS.len()],
-            now_ms: 1_700_000_000_000,
+            clocks: Clocks {
+                mono_ms: 0,
+                db_offset_ms: START_MS,
+                wall_offset_ms: START_MS + scenario.wall_skew_ms,
+                db_stepped_back_unseen: false,
+                db_steps_back: 0,
+            },
+            planned_at: Millis::MIN,
             fresh_ids: 0,
             segments_planned: 0,
             hydrations: 0,
@@ -111,12 +194,54 @@ impl<'s, C: Cache> Driver<'s, C> {
     }
 
     fn pg_now(&self) -> Millis {
-        self.now_ms + self.scenario.pg_skew_ms
+        self.clocks.mono_ms + self.clocks.db_offset_ms
+    }
+
+    fn wall_now(&self) -> Millis {
+        self.clocks.mono_ms + self.clocks.wall_offset_ms
+    }
+
+    /// The `now` the host gives the cache.
+    fn now(&mut self) -> Millis {
+        let (mono_ms, wall_ms) = (self.clocks.mono_ms, self.wall_now());
+        self.host.clock.now(mono_ms, wall_ms)
+    }
+
+    /// The host receives a reading of PostgreSQL's clock taken now (every
+    /// push and every hydration read returns one).
+    fn read_db_clock(&mut self) {
+        self.clocks.db_stepped_back_unseen = false;
+        self.receive_db_reading(self.pg_now());
+    }
+
+    /// The host receives a reading `db_ms` of PostgreSQL's clock and, if it
+    /// reveals a step back, replaces its cache.
+    fn receive_db_reading(&mut self, db_ms: Millis) {
+        let (mono_ms, wall_ms) = (self.clocks.mono_ms, self.wall_now());
+        let reading = self.host.clock.observe(db_ms, mono_ms, wall_ms);
+        if let Reading::SteppedBack { .. } = reading {
+            self.cache = (self.make)(self.scenario.config);
+            self.segments_planned = 0;
+            self.hydrations = 0;
+            self.last_stats = Stats::default();
+            for host in &mut self.hosts {
+                host.pristine = true;
+                host.in_sync = false;
+            }
+        }
     }
 
     fn apply(&mut self, op: &Op) -> Checked {
         match op {
-            Op::Tick { ms } => self.now_ms += Millis::from(*ms),
+            Op::Tick { ms } => self.clocks.mono_ms += Millis::from(*ms),
+            Op::StepDatabaseClock { ms } => {
+                self.clocks.db_offset_ms += ms;
+                if *ms < 0 {
+                    self.clocks.db_stepped_back_unseen = true;
+                    self.clocks.db_steps_back += 1;
+                }
+            }
+            Op::StepWallClock { ms } => self.clocks.wall_offset_ms += ms,
             Op::Push { segments } => self.push(segments)?,
             Op::Foreign { partition, ids } => {
                 let hashes: Vec<Hash> = ids.iter().map(|&id| self.hash_of(id)).collect();
@@ -132,24 +257,39 @@ impl<'s, C: Cache> Driver<'s, C> {
                 if let Some(row) = self.hosts[*partition].last_commit.clone() {
                     let bytes = encode(&row.hashes);
                     let commit = commit_of(PARTITIONS[*partition], &row, &bytes);
-                    self.cache.record_commits(self.now_ms, &[commit]);
+                    let now = self.now();
+                    self.cache.record_commits(now, &[commit]);
                 }
             }
             Op::Snapshot { partition } => {
-                let read = self.database.log(PARTITIONS[*partition]).read(self.pg_now(), self.scenario.config.skew_slack_ms);
-                self.hosts[*partition].snapshot = Some(read);
+                let (db_ms, db_steps_back) = (self.pg_now(), self.clocks.db_steps_back);
+                let read = self.read(*partition, 0);
+                self.hosts[*partition].snapshot = Some(Snapshot { read, db_ms, db_steps_back });
             }
-            Op::Rebuild { partition, stale, estimate, read_slack_ms, shuffle } => {
-                self.rebuild(*partition, *stale, *estimate, *read_slack_ms, *shuffle)?;
+            Op::Rebuild { partition, stale, estimate, extra_slack_ms, shuffle } => {
+                self.rebuild(*partition, *stale, *estimate, *extra_slack_ms, *shuffle)?;
             }
             Op::SetWindow { partition, window_ms } => {
                 self.database.log_mut(PARTITIONS[*partition]).window_ms = *window_ms;
             }
-            Op::Expire => self.cache.expire(self.now_ms),
+            Op::Expire => {
+                let now = self.now();
+                self.cache.expire(now);
+            }
             Op::Forget { partition } => self.forget(*partition)?,
             Op::Malformed { partition, input } => self.malformed(*partition, *input)?,
         }
         Ok(())
+    }
+
+    /// A full-window read of one partition (window plus skew slack plus
+    /// `extra_slack_ms`), which brings the host a reading of PostgreSQL's
+    /// clock.
+    fn read(&mut self, index: usize, extra_slack_ms: u32) -> Read {
+        let slack_ms = self.scenario.config.skew_slack_ms.saturating_add(extra_slack_ms);
+        let read = self.database.log(PARTITIONS[index]).read(self.pg_now(), slack_ms);
+        self.read_db_clock();
+        read
     }
 
     /// One flush: plan every segment, check the plans, commit what the push
@@ -192,16 +332,32 @@ impl<'s, C: Cache> Driver<'s, C> {
                 host.in_sync = false;
             }
         }
+        self.read_db_clock();
         let encoded: Vec<Vec<u8>> = rows.iter().map(|(_, row)| encode(&row.hashes)).collect();
         let commits: Vec<Commit<'_>> =
             rows.iter().zip(&encoded).map(|((partition, row), bytes)| commit_of(PARTITIONS[*partition], row, bytes)).collect();
-        self.cache.record_commits(self.now_ms, &commits);
+        let now = self.now();
+        self.cache.record_commits(now, &commits);
         Ok(())
     }
 
-    /// The host's rebuild path: the gate, then a fresh or stale read.
-    fn rebuild(&mut self, index: usize, stale: bool, estimate: Estimate, read_slack_ms: u32, shuffle: u64) -> Checked {
+    /// The host's rebuild path: the gate, then a fresh or stale read. (The
+    /// model reads before asking the gate: no time passes in between, and so
+    /// a reading that replaces the cache comes before the gate is asked.)
+    fn rebuild(&mut self, index: usize, stale: bool, estimate: Estimate, extra_slack_ms: u32, shuffle: u64) -> Checked {
         let partition = PARTITIONS[index];
+        let read = match (&self.hosts[index].snapshot, stale) {
+            (Some(snapshot), true) => {
+                let snapshot = snapshot.clone();
+                // Its reading arrives now; if the clock stepped back since
+                // it was taken, it may lift the host's bound above the
+                // database's clock until the next reading.
+                self.clocks.db_stepped_back_unseen |= snapshot.db_steps_back < self.clocks.db_steps_back;
+                self.receive_db_reading(snapshot.db_ms);
+                snapshot.read
+            }
+            _ => self.read(index, extra_slack_ms),
+        };
         let log = self.database.log(partition);
         let window_ms = log.window_ms;
         let estimate_hashes = match estimate {
@@ -210,7 +366,8 @@ impl<'s, C: Cache> Driver<'s, C> {
             Estimate::Huge => 1 << 40,
         };
         let pristine = self.hosts[index].pristine;
-        let admission = self.cache.admit(self.now_ms, partition, window_ms, estimate_hashes);
+        let now = self.now();
+        let admission = self.cache.admit(now, partition, window_ms, estimate_hashes);
         if estimate_hashes > 0 {
             self.hosts[index].pristine = false;
         }
@@ -220,10 +377,6 @@ impl<'s, C: Cache> Driver<'s, C> {
         if admission == Admission::Suppressed {
             return Ok(());
         }
-        let read = match (&self.hosts[index].snapshot, stale) {
-            (Some(snapshot), true) => snapshot.clone(),
-            _ => log.read(self.pg_now(), read_slack_ms),
-        };
         let mut rows = read.rows.clone();
         shuffle_rows(&mut rows, shuffle);
         let encoded: Vec<Vec<u8>> = rows.iter().map(|row| encode(&row.hashes)).collect();
@@ -238,7 +391,8 @@ impl<'s, C: Cache> Driver<'s, C> {
             })
             .collect();
         let hydration = Hydration { partition, window_ms: read.window_ms, last_offset: read.last_offset, rows: &txns };
-        let result = self.cache.hydrate(self.now_ms, &hydration);
+        let now = self.now();
+        let result = self.cache.hydrate(now, &hydration);
         if read.window_ms == 0 {
             ensure!(result == Err(HydrateError::WindowOff), "a window-0 hydration answered {result:?}");
             return Ok(());
@@ -286,13 +440,15 @@ impl<'s, C: Cache> Driver<'s, C> {
             }
             MalformedInput::Commit => {
                 let commit = Commit { partition, base_offset: log.last_offset + 1, created_ms: self.pg_now(), hashes: &torn };
-                self.cache.record_commits(self.now_ms, &[commit]);
+                let now = self.now();
+                self.cache.record_commits(now, &[commit]);
             }
             MalformedInput::Hydration => {
                 let row = TxnsRow { base_offset: 0, end_offset: 2, created_ms: self.pg_now(), hashes: &torn };
                 let last_offset = log.last_offset.max(2);
                 let hydration = Hydration { partition, window_ms: log.window_ms.max(1), last_offset, rows: &[row] };
-                let result = self.cache.hydrate(self.now_ms, &hydration);
+                let now = self.now();
+                let result = self.cache.hydrate(now, &hydration);
                 ensure!(result == Err(HydrateError::Malformed), "a torn hydration answered {result:?}");
             }
         }
@@ -300,7 +456,8 @@ impl<'s, C: Cache> Driver<'s, C> {
     }
 
     fn plan(&mut self, segments: &[Segment<'_>]) -> Result<Vec<Plan>, String> {
-        let plans = self.cache.plan(self.now_ms, segments);
+        self.planned_at = self.now();
+        let plans = self.cache.plan(self.planned_at, segments);
         self.segments_planned += segments.len() as u64;
         ensure!(plans.len() == segments.len(), "{} plans for {} segments", plans.len(), segments.len());
         Ok(plans)
@@ -344,6 +501,19 @@ impl<'s, C: Cache> Driver<'s, C> {
             let hash = hashes.get(hit as usize).copied();
             ensure!(hash.is_some_and(|h| log.ever_committed(h)), "local hit {hit} was never committed here");
         }
+        if p >= 0 && !self.push_honours_vouches() {
+            // The push function probes the whole window instead. Only a step
+            // back of PostgreSQL's clock that the host has not read yet may
+            // cost that: a host clock ahead of the database's would cost it
+            // on every push.
+            ensure!(
+                self.clocks.db_stepped_back_unseen,
+                "the cache planned at {} ({} ms ahead of PostgreSQL's clock, beyond the slack): the push function refuses its vouch",
+                self.planned_at,
+                self.planned_at - self.pg_now()
+            );
+            return Ok(());
+        }
         if p >= 0 {
             // The soundness invariant.
             ensure!(p <= log.last_offset, "vouched for {p} past the allocator at {}", log.last_offset);
@@ -381,6 +551,14 @@ impl<'s, C: Cache> Driver<'s, C> {
             }
         }
         Ok(())
+    }
+
+    /// Whether the push function would honour a vouch of the latest plan:
+    /// its clock is at or past the plan's `now` less the skew slack (with the
+    /// push guard on, as stile's push function has it).
+    fn push_honours_vouches(&self) -> bool {
+        let floor = self.planned_at.saturating_sub(Millis::from(self.scenario.config.skew_slack_ms));
+        !self.host.push_guard || self.pg_now() >= floor
     }
 
     fn check_stats(&mut self) -> Checked {
@@ -474,7 +652,7 @@ mod tests {
     fn scenario(ops: Vec<Op>) -> Scenario {
         Scenario {
             config: ShardConfig { budget_bytes: 1 << 40, skew_slack_ms: 5_000 },
-            pg_skew_ms: 0,
+            wall_skew_ms: 0,
             hash_space: 1 << 40,
             mix_hashes: true,
             windows_ms: [60_000; 4],
@@ -487,7 +665,7 @@ mod tests {
     }
 
     fn rebuild(partition: usize) -> Op {
-        Op::Rebuild { partition, stale: false, estimate: Estimate::Model, read_slack_ms: 5_000, shuffle: 1 }
+        Op::Rebuild { partition, stale: false, estimate: Estimate::Model, extra_slack_ms: 0, shuffle: 1 }
     }
 
     /// A cache that vouches for everything it is asked about: the driver
@@ -565,6 +743,80 @@ mod tests {
             push(0, vec![1]),
         ];
         assert_eq!(run(&scenario(ops), Shard::new), Ok(()));
+    }
+
+    /// The rule the gateway once had: its wall clock, less the lead over
+    /// PostgreSQL's clock it last saw in a commit, held monotone.
+    struct WallLessLead {
+        lead_ms: Millis,
+        held_ms: Millis,
+    }
+
+    impl HostClock for WallLessLead {
+        fn observe(&mut self, db_ms: Millis, _mono_ms: Millis, wall_ms: Millis) -> Reading {
+            self.lead_ms = (wall_ms - db_ms).max(0);
+            Reading::Consistent
+        }
+
+        fn now(&mut self, _mono_ms: Millis, wall_ms: Millis) -> Millis {
+            self.held_ms = self.held_ms.max(wall_ms - self.lead_ms);
+            self.held_ms
+        }
+    }
+
+    fn wall_less_lead(push_guard: bool) -> Host {
+        Host { clock: Box::new(WallLessLead { lead_ms: 0, held_ms: Millis::MIN }), push_guard }
+    }
+
+    fn database_clock(push_guard: bool) -> Host {
+        Host { clock: Box::new(DbClock::new(START_MS, 0, 5_000)), push_guard }
+    }
+
+    /// A gateway 150 s ahead of PostgreSQL, a 60 s window: the same id three
+    /// times (the operator's report that opened this check).
+    fn ahead_of_the_database() -> Scenario {
+        let mut scenario = scenario(vec![push(0, vec![1]), rebuild(0), push(0, vec![1]), push(0, vec![1])]);
+        scenario.wall_skew_ms = 150_000;
+        scenario
+    }
+
+    #[test]
+    fn a_host_that_judges_age_by_its_wall_clock_stores_duplicates() {
+        let violation = run_as(&ahead_of_the_database(), Shard::new, wall_less_lead(false)).unwrap_err();
+        assert_eq!(violation.step, 2);
+        assert!(violation.message.contains("UNSOUND"), "{violation}");
+        // With the push function's guard it stays exact, but every vouch is
+        // refused: caught as well.
+        let violation = run_as(&ahead_of_the_database(), Shard::new, wall_less_lead(true)).unwrap_err();
+        assert_eq!(violation.step, 1, "the check right after hydrating: {violation}");
+        assert!(violation.message.contains("refuses its vouch"), "{violation}");
+        // PostgreSQL's clock, as the host bounds it, is exact and vouches.
+        assert_eq!(run(&ahead_of_the_database(), Shard::new), Ok(()));
+    }
+
+    #[test]
+    fn a_database_clock_stepping_back_is_covered_by_the_push_guard_until_the_host_reads_it() {
+        // The hash is stored at T; at T + 70 s the cache expires it (60 s
+        // window + 5 s slack); PostgreSQL's clock then steps back to
+        // T + 40 s, where the hash is inside the window again.
+        let ops = vec![
+            push(0, vec![1]),
+            rebuild(0),
+            Op::Tick { ms: 70_000 },
+            Op::Expire,
+            Op::StepDatabaseClock { ms: -30_000 },
+            push(0, vec![1]),
+            push(0, vec![1]),
+            push(0, vec![2]),
+        ];
+        let violation = run_as(&scenario(ops.clone()), Shard::new, database_clock(false)).unwrap_err();
+        assert_eq!(violation.step, 5);
+        assert!(violation.message.contains("UNSOUND"), "{violation}");
+        // The guard refuses that vouch; the push's reading reveals the step,
+        // the cache is replaced, and the host vouches again after rebuilding.
+        let mut ops = ops;
+        ops.extend([rebuild(0), push(0, vec![1]), push(0, vec![3])]);
+        assert_eq!(run_as(&scenario(ops), Shard::new, database_clock(true)), Ok(()));
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! Random scenarios: a shard configuration, a PostgreSQL clock skew, a hash
-//! space, the partitions' windows, and a sequence of operations a host and
-//! the database might perform.
+//! Random scenarios: a shard configuration, the host's wall clock against
+//! PostgreSQL's, a hash space, the partitions' windows, and a sequence of
+//! operations a host and the database might perform, clock steps among them.
 
 use std::vec::Vec;
 
@@ -18,8 +18,9 @@ pub const PARTITIONS: [PartitionId; 4] = [1, 2, 7_000_000_007, PartitionId::MAX]
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub config: ShardConfig,
-    /// PostgreSQL's clock minus the gateway's, within the skew slack.
-    pub pg_skew_ms: i64,
+    /// The host's wall clock minus PostgreSQL's at the start: anything, from
+    /// a few milliseconds to hours either way.
+    pub wall_skew_ms: i64,
     /// Hash ids are reduced modulo this; small spaces make repeats frequent.
     pub hash_space: u64,
     /// Whether ids are mixed into uniformly random hashes (as xxh3 output
@@ -33,9 +34,19 @@ pub struct Scenario {
 /// One step of a scenario. Partitions are indexes into [`PARTITIONS`].
 #[derive(Clone, Debug)]
 pub enum Op {
-    /// The clocks move forward.
+    /// Time passes: the monotonic clock, and with it PostgreSQL's and the
+    /// host's wall clock, move forward.
     Tick {
         ms: u32,
+    },
+    /// PostgreSQL's clock steps (a time-sync correction on the database's
+    /// machine), forwards or backwards.
+    StepDatabaseClock {
+        ms: i64,
+    },
+    /// The host's wall clock steps, forwards or backwards.
+    StepWallClock {
+        ms: i64,
     },
     /// One flush: plan the segments, let the model database commit what the
     /// push function would write, and report the commits.
@@ -56,12 +67,14 @@ pub enum Op {
         partition: usize,
     },
     /// The host's rebuild: ask the gate, and if admitted, hydrate from a
-    /// fresh read or from the saved (stale) snapshot.
+    /// fresh read or from the saved (stale) snapshot. A read covers the
+    /// window plus the skew slack, as the contract asks, plus
+    /// `extra_slack_ms` (older rows only widen coverage).
     Rebuild {
         partition: usize,
         stale: bool,
         estimate: Estimate,
-        read_slack_ms: u32,
+        extra_slack_ms: u32,
         shuffle: u64,
     },
     /// `/configure` changes the partition's window.
@@ -117,14 +130,14 @@ pub fn scenario() -> impl Strategy<Value = Scenario> {
         .prop_map(|(budget_bytes, skew_slack_ms)| ShardConfig { budget_bytes, skew_slack_ms });
     (
         config,
-        -1_000i64..=1_000,
+        prop_oneof![2 => -1_000i64..=1_000, 1 => -10_000_000i64..=10_000_000],
         prop_oneof![Just(8u64), Just(64), Just(4_096), Just(1 << 40)],
         prop::bool::weighted(0.8),
         [window(), window(), window(), window()],
         vec(op(), 1..80),
     )
-        .prop_map(|(config, skew_permille, hash_space, mix_hashes, windows_ms, ops)| Scenario {
-            pg_skew_ms: skew_permille * i64::from(config.skew_slack_ms) / 1_000,
+        .prop_map(|(config, wall_skew_ms, hash_space, mix_hashes, windows_ms, ops)| Scenario {
+            wall_skew_ms,
             config,
             hash_space,
             mix_hashes,
@@ -148,7 +161,11 @@ fn partition() -> impl Strategy<Value = usize> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => prop_oneof![3 => 0u32..2_000, 2 => 0u32..20_000, 1 => 20_000u32..80_000].prop_map(|ms| Op::Tick { ms }),
+        6 => prop_oneof![
+            4 => prop_oneof![3 => 0u32..2_000, 2 => 0u32..20_000, 1 => 20_000u32..80_000].prop_map(|ms| Op::Tick { ms }),
+            1 => clock_step().prop_map(|ms| Op::StepDatabaseClock { ms }),
+            1 => clock_step().prop_map(|ms| Op::StepWallClock { ms }),
+        ],
         8 => vec(push_segment(), 1..=3).prop_map(|segments| Op::Push { segments }),
         1 => (partition(), vec(any::<u64>(), 1..6)).prop_map(|(partition, ids)| Op::Foreign { partition, ids }),
         1 => partition().prop_map(|partition| Op::Replay { partition }),
@@ -160,11 +177,11 @@ fn op() -> impl Strategy<Value = Op> {
             prop_oneof![Just(0u32), Just(5_000), Just(20_000)],
             any::<u64>(),
         )
-            .prop_map(|(partition, stale, estimate, read_slack_ms, shuffle)| Op::Rebuild {
+            .prop_map(|(partition, stale, estimate, extra_slack_ms, shuffle)| Op::Rebuild {
                 partition,
                 stale,
                 estimate,
-                read_slack_ms,
+                extra_slack_ms,
                 shuffle
             }),
         1 => (partition(), window()).prop_map(|(partition, window_ms)| Op::SetWindow { partition, window_ms }),
@@ -173,6 +190,12 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (partition(), prop_oneof![Just(MalformedInput::Segment), Just(MalformedInput::Commit), Just(MalformedInput::Hydration)])
             .prop_map(|(partition, input)| Op::Malformed { partition, input }),
     ]
+}
+
+/// Steps within the skew slack, past it, and past the longest window, either
+/// way.
+fn clock_step() -> impl Strategy<Value = i64> {
+    prop_oneof![-6_000i64..=6_000, -200_000i64..=200_000]
 }
 
 fn push_segment() -> impl Strategy<Value = PushSegment> {

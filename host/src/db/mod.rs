@@ -84,6 +84,20 @@ impl SegmentPush {
     }
 }
 
+/// What the cache assumed of PostgreSQL's clock when it planned a bundle: its
+/// `now` less its skew slack, in ms since the Unix epoch. It judged which
+/// hashes are older than the window by that time, so the push function
+/// honours the bundle's `p_verified`s only while its clock is at or past it,
+/// and otherwise probes the whole window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClockFloor(pub i64);
+
+impl ClockFloor {
+    /// No assumption beyond the Unix epoch: for pushes whose vouches do not
+    /// depend on the age of what is stored (tools and tests).
+    pub const EPOCH: ClockFloor = ClockFloor(0);
+}
+
 /// How much of the window the push function compared a segment against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProbeMode {
@@ -147,6 +161,9 @@ pub struct SegmentOutcome {
     pub duplicates: Vec<Duplicate>,
     /// Where the others went; `None` when every message was a duplicate.
     pub stored: Option<Stored>,
+    /// PostgreSQL's clock when it probed the segment, in ms since the epoch,
+    /// rounded down: a reading to bound that clock by.
+    pub clock_ms: i64,
 }
 
 /// Where the messages of a segment that are not duplicates were stored.
@@ -233,12 +250,15 @@ pub struct TxnsRow {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HydrationRows {
     /// The allocator at the snapshot: every row at or below it is in `rows`
-    /// if it was created inside the requested window (+5 s).
+    /// if it was created inside the requested window plus slack.
     pub last_offset: i64,
     /// The purge watermark at the snapshot.
     pub txns_start: i64,
     /// The rows, by ascending `base_offset`.
     pub rows: Vec<TxnsRow>,
+    /// PostgreSQL's clock that the window's cutoff was taken from, in ms
+    /// since the epoch, rounded down: a reading to bound that clock by.
+    pub clock_ms: i64,
 }
 
 /// What one [`Db::purge`] pass removed.
@@ -252,8 +272,8 @@ pub struct PurgeReport {
     pub txns_deleted: u64,
 }
 
-const PUSH_SQL: &str = "SELECT seg, base_offset, created_ms, window_seconds, probe, dup_idx, dup_off, dup_ids \
-     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8)";
+const PUSH_SQL: &str = "SELECT seg, base_offset, created_ms, window_seconds, probe, dup_idx, dup_off, dup_ids, clock_ms \
+     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 impl Db {
     /// Opens a pool of at most `pool_size` connections to `url` (libpq
@@ -312,6 +332,14 @@ impl Db {
         migrate::run(&mut client).await
     }
 
+    /// A reading of PostgreSQL's clock (`clock_timestamp()`), in ms since the
+    /// epoch, rounded down.
+    pub async fn clock_ms(&self) -> Result<i64, DbError> {
+        let client = self.pool.get().await?;
+        let row = client.query_one("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint", &[]).await?;
+        Ok(row.try_get(0)?)
+    }
+
     /// The schema version the database is at (0 before any migration).
     pub async fn schema_version(&self) -> Result<i32, DbError> {
         let client = self.pool.get().await?;
@@ -345,8 +373,10 @@ impl Db {
 
     /// Pushes a bundle of segments in one round trip and one transaction.
     /// Returns one outcome per segment, in order. A duplicate writes nothing;
-    /// every other message is stored, whatever became of its neighbours.
-    pub async fn push_bundle(&self, segments: &[SegmentPush]) -> Result<Vec<SegmentOutcome>, DbError> {
+    /// every other message is stored, whatever became of its neighbours. The
+    /// segments' `p_verified`s count only while PostgreSQL's clock is at or
+    /// past `clock_floor`.
+    pub async fn push_bundle(&self, clock_floor: ClockFloor, segments: &[SegmentPush]) -> Result<Vec<SegmentOutcome>, DbError> {
         if segments.is_empty() {
             return Ok(Vec::new());
         }
@@ -383,7 +413,20 @@ impl Db {
         let client = self.pool.get().await?;
         let stmt = client.prepare_cached(PUSH_SQL).await?;
         let rows = client
-            .query(&stmt, &[&partition_ids, &verified, &planned, &counts, &hashes, &message_ids, &transaction_ids, &payloads])
+            .query(
+                &stmt,
+                &[
+                    &partition_ids,
+                    &verified,
+                    &planned,
+                    &counts,
+                    &hashes,
+                    &message_ids,
+                    &transaction_ids,
+                    &payloads,
+                    &clock_floor.0,
+                ],
+            )
             .await?;
         drop(client);
         if rows.len() != segments.len() {
@@ -427,7 +470,8 @@ impl Db {
                 .collect();
             let window_seconds: i32 = row.try_get(3)?;
             let probe = ProbeMode::parse(row.try_get(4)?)?;
-            out.push(SegmentOutcome { window_seconds, probe, duplicates, stored });
+            let clock_ms: i64 = row.try_get(8)?;
+            out.push(SegmentOutcome { window_seconds, probe, duplicates, stored, clock_ms });
         }
         Ok(out)
     }
@@ -506,22 +550,28 @@ impl Db {
         rows.first().map(stored_message).transpose()
     }
 
-    /// A partition's txns rows created in the last `window_seconds` + 5 s, with
-    /// its `last_offset` and `txns_start`, all in one snapshot.
-    pub async fn hydration(&self, partition_id: i64, window_seconds: i32) -> Result<HydrationRows, DbError> {
+    /// A partition's txns rows created in the last `window_seconds` plus
+    /// `slack_ms`, with its `last_offset` and `txns_start` and a reading of
+    /// PostgreSQL's clock, all in one snapshot.
+    pub async fn hydration(&self, partition_id: i64, window_seconds: i32, slack_ms: u32) -> Result<HydrationRows, DbError> {
+        let slack_ms = i32::try_from(slack_ms).unwrap_or(i32::MAX);
         let client = self.pool.get().await?;
         let stmt = client
             .prepare_cached(
-                "SELECT last_offset, txns_start, base_offset, end_offset, created_ms, hashes \
-                 FROM stile.hydration($1, $2)",
+                "SELECT last_offset, txns_start, base_offset, end_offset, created_ms, hashes, clock_ms \
+                 FROM stile.hydration($1, $2, $3)",
             )
             .await?;
-        let rows = client.query(&stmt, &[&partition_id, &window_seconds]).await?;
+        let rows = client.query(&stmt, &[&partition_id, &window_seconds, &slack_ms]).await?;
         let Some(first) = rows.first() else {
             return Err(DbError::NotFound(format!("partition {partition_id}")));
         };
-        let mut out =
-            HydrationRows { last_offset: first.try_get(0)?, txns_start: first.try_get(1)?, rows: Vec::with_capacity(rows.len()) };
+        let mut out = HydrationRows {
+            last_offset: first.try_get(0)?,
+            txns_start: first.try_get(1)?,
+            rows: Vec::with_capacity(rows.len()),
+            clock_ms: first.try_get(6)?,
+        };
         for row in &rows {
             let Some(base_offset) = row.try_get::<_, Option<i64>>(2)? else {
                 continue;

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use stile::db::{ConfigureMode, Db, ProbeMode, SegmentOutcome, SegmentPush};
+use stile::db::{ClockFloor, ConfigureMode, Db, ProbeMode, SegmentOutcome, SegmentPush};
 use stile::payload::Payload;
 use stile_tests::cpu::cpu_seconds;
 use stile_tests::pg::{TestDb, backend_pids, connect, unless_interrupted};
@@ -259,7 +259,7 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
                     s.hashes[16 * i..16 * (i + 1)].copy_from_slice(&stile::hash::txn_hash(txn));
                     s.message_ids[i] = fast_id();
                 }
-                let out = db.push_bundle(std::slice::from_ref(&s)).await.unwrap();
+                let out = db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(&s)).await.unwrap();
                 let SegmentOutcome { stored: Some(stored), probe, ref duplicates, .. } = out[0] else {
                     panic!("unexpected {:?}", out[0]);
                 };
@@ -274,7 +274,7 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
                     // Floored as the cache floors a hash of a sealed block:
                     // at the start of its step of 16 arrivals.
                     s.p_verified = base_offset - base_offset % 16 - 1;
-                    let again = db.push_bundle(std::slice::from_ref(&s)).await.unwrap();
+                    let again = db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(&s)).await.unwrap();
                     let SegmentOutcome { stored: None, probe, ref duplicates, .. } = again[0] else {
                         panic!("a retry was stored: {again:?}");
                     };
