@@ -24,8 +24,10 @@
 //! and database; a PostgreSQL restart (`pg_ctlcluster restart`); the queue's
 //! window shortened and lengthened again by `/api/v1/configure`. Per gateway:
 //! guest traps (`--inject-guest-traps-per-million`), a tiny cache budget
-//! (`--cache-mb 1`, so partitions are suppressed and evicted). A gateway that
-//! exits without being killed is reported and restarted.
+//! (`--cache-mb 1`, so partitions are suppressed and evicted), a wall clock
+//! ahead of or behind PostgreSQL's by more than the window that jumps mid-run
+//! (libfaketime, [`ClockSkew`]). A gateway that exits without being killed is
+//! reported and restarted.
 //!
 //! # The checks (every result, none sampled)
 //!
@@ -70,8 +72,10 @@ use uuid::Uuid;
 
 use crate::gateway::{Client, each_line, stile_binary};
 
+mod clock;
 mod vitals;
 
+pub use clock::ClockSkew;
 pub use vitals::{Latency, Sample};
 
 /// Slack for comparing our clock readings with PostgreSQL's (both read the
@@ -157,11 +161,19 @@ impl Config {
 pub struct GatewaySpec {
     pub label: String,
     pub args: Vec<String>,
+    /// Its wall clock against PostgreSQL's; `None` for the machine's.
+    pub clock: Option<ClockSkew>,
 }
 
 impl GatewaySpec {
     pub fn plain(label: &str) -> GatewaySpec {
-        GatewaySpec { label: label.to_owned(), args: Vec::new() }
+        GatewaySpec { label: label.to_owned(), args: Vec::new(), clock: None }
+    }
+
+    /// Runs the gateway with its wall clock off PostgreSQL's.
+    pub fn clock(mut self, skew: ClockSkew) -> GatewaySpec {
+        self.clock = Some(skew);
+        self
     }
 
     /// Adds `--flag value`.
@@ -285,6 +297,7 @@ const TAIL_LINES: usize = 60;
 #[derive(Debug)]
 struct Node {
     spec: GatewaySpec,
+    clock: Option<clock::ClockFile>,
     database_url: String,
     addr: Option<SocketAddr>,
     child: Option<Child>,
@@ -294,7 +307,15 @@ struct Node {
 
 impl Node {
     fn new(spec: GatewaySpec, database_url: &str) -> Node {
-        Node { spec, database_url: database_url.to_owned(), addr: None, child: None, incarnation: 0, log: Arc::default() }
+        Node {
+            spec,
+            clock: None,
+            database_url: database_url.to_owned(),
+            addr: None,
+            child: None,
+            incarnation: 0,
+            log: Arc::default(),
+        }
     }
 
     /// Starts the process, on its previous address if it had one, and waits
@@ -316,6 +337,14 @@ impl Node {
             }
         }
         command.env("NO_COLOR", "1").env("RUST_LOG", "info");
+        if let Some(skew) = &self.spec.clock
+            && self.clock.is_none()
+        {
+            self.clock = Some(clock::ClockFile::new(&self.spec.label, skew.offsets_s[0])?);
+        }
+        if let Some(file) = &self.clock {
+            file.apply(&mut command);
+        }
         crate::gateway::die_with_parent(&mut command);
         let mut child = command.spawn().context("start stile")?;
         let (ready_tx, ready_rx) = oneshot::channel::<SocketAddr>();
@@ -541,6 +570,12 @@ pub struct Report {
     pub kills: u64,
     pub restarts: u64,
     pub pg_restarts: u64,
+    /// Jumps of a gateway's wall clock.
+    pub clock_jumps: u64,
+    /// The largest offset of a gateway's wall clock from PostgreSQL's that a
+    /// gateway measured and reported (`stile_clock_offset_seconds`), in
+    /// seconds, either way.
+    pub max_clock_offset_s: f64,
     pub guest_traps: u64,
     pub window_changes: Vec<String>,
     pub fault_errors: Vec<String>,
@@ -622,11 +657,14 @@ impl fmt::Display for Report {
         writeln!(f, "answers: {} queued, {} duplicate", self.queued, self.duplicate)?;
         writeln!(
             f,
-            "faults: {} gateway kills (kill -9), {} restarts, {} postgres restarts, {} guest traps, window changes [{}]",
+            "faults: {} gateway kills (kill -9), {} restarts, {} postgres restarts, {} guest traps, {} clock jumps \
+             (offsets up to {:.0} s measured), window changes [{}]",
             self.kills,
             self.restarts,
             self.pg_restarts,
             self.guest_traps,
+            self.clock_jumps,
+            self.max_clock_offset_s,
             self.window_changes.join(", ")
         )?;
         let probes: Vec<String> = self.probes.iter().map(|(k, v)| format!("{k} {v}")).collect();
@@ -746,6 +784,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     report.kills = faults.kills;
     report.restarts = faults.restarts;
     report.pg_restarts = faults.pg_restarts;
+    report.clock_jumps = faults.clock_jumps;
     report.fault_errors = faults.errors;
     report.unexpected_exits = faults.unexpected_exits;
     let windows = windows.lock().expect("not poisoned").clone();
@@ -978,6 +1017,8 @@ enum FaultEvent {
     Kill(usize),
     PgRestart,
     Window(i32),
+    /// A gateway's wall clock jumps to this offset (seconds).
+    Clock(usize, i64),
 }
 
 fn schedule(config: &Config) -> Vec<(Duration, FaultEvent)> {
@@ -1006,6 +1047,11 @@ fn schedule(config: &Config) -> Vec<(Duration, FaultEvent)> {
         events.push((run.mul_f64(short.from), FaultEvent::Window(short.seconds)));
         events.push((run.mul_f64(short.to), FaultEvent::Window(config.long_window_seconds)));
     }
+    for (gateway, spec) in config.gateways.iter().enumerate() {
+        for (at, offset_s) in spec.clock.iter().flat_map(|skew| skew.jumps(run)) {
+            events.push((at, FaultEvent::Clock(gateway, offset_s)));
+        }
+    }
     events.sort_by_key(|(at, _)| *at);
     events
 }
@@ -1015,6 +1061,7 @@ struct FaultLog {
     kills: u64,
     restarts: u64,
     pg_restarts: u64,
+    clock_jumps: u64,
     errors: Vec<String>,
     unexpected_exits: Vec<String>,
 }
@@ -1110,6 +1157,14 @@ async fn run_faults(
                     };
                     windows.lock().expect("not poisoned").changes.push(WindowChange { seconds, sent_us, acked_us });
                 }
+                FaultEvent::Clock(index, offset_s) => {
+                    let node = &nodes[index];
+                    match node.clock.as_ref().map(|file| file.set(offset_s)) {
+                        Some(Ok(())) => log.clock_jumps += 1,
+                        Some(Err(error)) => log.errors.push(format!("{}: {error:#}", node.spec.label)),
+                        None => log.errors.push(format!("{}: a clock jump without a clock file", node.spec.label)),
+                    }
+                }
             }
             next += 1;
             continue;
@@ -1157,6 +1212,8 @@ async fn restart(index: usize, node: &mut Node, book: &AddressBook, log: &mut Fa
 #[derive(Clone, Debug, Default)]
 struct Scrape {
     rebuilds: u64,
+    /// The largest clock offset the gateway reported, either way (seconds).
+    max_clock_offset_s: f64,
     probes: BTreeMap<String, u64>,
     unavailable: u64,
     samples: Vec<Sample>,
@@ -1191,6 +1248,9 @@ async fn scrape_all(book: &AddressBook, scraped: &Mutex<HashMap<(usize, u32), Sc
         let scrape = scraped.entry((index, incarnation)).or_default();
         scrape.samples.push(Sample::from_metrics(&text, t0.elapsed().as_secs_f64()));
         scrape.rebuilds = sum_series(&text, "stile_cache_instance_rebuilds");
+        if let Some(offset_s) = gauge(&text, "stile_clock_offset_seconds") {
+            scrape.max_clock_offset_s = scrape.max_clock_offset_s.max(offset_s.abs());
+        }
         scrape.unavailable = sum_series(&text, "stile_database_unavailable_total");
         for probe in ["skipped", "narrowed", "full", "off"] {
             scrape.probes.insert(probe.to_owned(), sum_series(&text, &format!("stile_segments_total{{probe=\"{probe}\"}}")));
@@ -1216,6 +1276,11 @@ pub(crate) fn sum_series(text: &str, name: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
+/// The value of a gauge without labels, sign and all.
+fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 fn summarise_scrapes(scraped: &HashMap<(usize, u32), Scrape>, nodes: &[Node], report: &mut Report) {
     for (index, node) in nodes.iter().enumerate() {
         let mine: Vec<&Scrape> = scraped.iter().filter(|((i, _), _)| *i == index).map(|(_, s)| s).collect();
@@ -1225,6 +1290,8 @@ fn summarise_scrapes(scraped: &HashMap<(usize, u32), Scrape>, nodes: &[Node], re
         let rebuilds: u64 = mine.iter().map(|s| s.rebuilds).sum();
         let unavailable: u64 = mine.iter().map(|s| s.unavailable).sum();
         let max_bytes = mine.iter().map(|s| peak(s, |x| x.cache_bytes)).max().unwrap_or(0);
+        let clock_offset_s = mine.iter().map(|s| s.max_clock_offset_s).fold(0.0, f64::max);
+        report.max_clock_offset_s = report.max_clock_offset_s.max(clock_offset_s);
         report.max_suppressed = report.max_suppressed.max(suppressed);
         report.max_evictions += evictions;
         let mut probes: BTreeMap<String, u64> = BTreeMap::new();
@@ -1243,9 +1310,10 @@ fn summarise_scrapes(scraped: &HashMap<(usize, u32), Scrape>, nodes: &[Node], re
         }
         let probes: Vec<String> = probes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         report.gateway_lines.push(format!(
-            "{} ({}): {} incarnations, {} guest traps logged, {rebuilds} instance rebuilds, max {} KiB cached, max {suppressed} suppressed, {evictions} evictions, {unavailable} answered 503 for the database, segments [{}]",
+            "{} ({}{}): {} incarnations, {} guest traps logged, {rebuilds} instance rebuilds, max {} KiB cached, max {suppressed} suppressed, {evictions} evictions, {unavailable} answered 503 for the database, clock off PostgreSQL's by up to {clock_offset_s:.0} s, segments [{}]",
             node.spec.label,
             if node.spec.args.is_empty() { "defaults".to_owned() } else { node.spec.args.join(" ") },
+            node.spec.clock.as_ref().map_or(String::new(), |skew| format!(", clock {:?} s", skew.offsets_s)),
             node.incarnation + 1,
             node.traps(),
             max_bytes / 1024,

@@ -1,23 +1,29 @@
 //! The exactness checker, short form: three gateways on one database — one
-//! trapping 2 % of its guest calls, one with a 1 MiB cache budget, one plain —
-//! six producers with retries and repeats, a `kill -9` and restart every few
-//! seconds, and the window shortened and lengthened mid-run. Afterwards every
-//! answer is checked against PostgreSQL; there must be no violation.
+//! trapping 2 % of its guest calls, one with a 1 MiB cache budget, one plain,
+//! the last two with wall clocks two hours (two windows) ahead of and behind
+//! PostgreSQL's that swap halfway — six producers with retries and repeats, a
+//! `kill -9` and restart every few seconds, and the window shortened and
+//! lengthened mid-run. Afterwards every answer is checked against
+//! PostgreSQL; there must be no violation.
 //!
 //! The PostgreSQL restart has a test binary of its own
 //! (`checker_pg_restart.rs`), so that it cannot disturb other tests.
 
 use std::time::Duration;
 
-use stile_tests::checker::{self, Config, Faults, GatewaySpec, ShortWindow};
+use stile_tests::checker::{self, ClockSkew, Config, Faults, GatewaySpec, ShortWindow};
 use stile_tests::pg::TestDb;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exact_under_kills_guest_traps_a_tiny_cache_and_window_changes() {
+async fn exact_under_kills_guest_traps_a_tiny_cache_clock_jumps_and_window_changes() {
     let t = TestDb::new().await;
     let mut config = Config::new(&t.url(), Duration::from_secs(30));
-    config.gateways =
-        vec![GatewaySpec::traps("g0-traps", 20_000), GatewaySpec::tiny_cache("g1-tiny", 1, 32), GatewaySpec::plain("g2")];
+    let two_windows = 2 * i64::from(config.long_window_seconds);
+    config.gateways = vec![
+        GatewaySpec::traps("g0-traps", 20_000),
+        GatewaySpec::tiny_cache("g1-tiny", 1, 32).clock(ClockSkew::jumping(&[two_windows, -two_windows])),
+        GatewaySpec::plain("g2").clock(ClockSkew::jumping(&[-two_windows, two_windows])),
+    ];
     config.faults = Faults {
         kill_every: Some(Duration::from_secs(6)),
         kill_downtime: Duration::from_millis(700),
@@ -34,6 +40,8 @@ async fn exact_under_kills_guest_traps_a_tiny_cache_and_window_changes() {
     assert!(report.guest_traps > 0, "no guest trap was injected:\n{report}");
     assert!(report.max_evictions + report.max_suppressed > 0, "the tiny budget never evicted nor suppressed:\n{report}");
     assert_eq!(report.window_changes.len(), 2, "{report}");
+    assert_eq!(report.clock_jumps, 2, "{report}");
+    assert!(report.max_clock_offset_s > config.long_window_seconds as f64, "no gateway measured its clock off:\n{report}");
     assert!(report.queued >= 2_000 && report.duplicate >= 200, "too little traffic:\n{report}");
     assert!(report.retries > 0, "{report}");
 }

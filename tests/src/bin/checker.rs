@@ -1,8 +1,10 @@
 //! The exactness checker, long form: producers push through several gateway
 //! processes on one database while gateways are killed with `kill -9` and
 //! restarted, PostgreSQL is restarted, one gateway traps guest calls, one has
-//! a tiny cache budget, and the window is shortened and lengthened; then every
-//! answer is checked against PostgreSQL. Exits 1 on any violation.
+//! a tiny cache budget, two have wall clocks two windows ahead of and behind
+//! PostgreSQL's that swap halfway (libfaketime: `apt-get install faketime`),
+//! and the window is shortened and lengthened; then every answer is checked
+//! against PostgreSQL. Exits 1 on any violation.
 //!
 //! ```text
 //! cargo build --release -p stile
@@ -36,6 +38,13 @@
 //!   --short-window S       the short window, 0 for no window change [3]
 //!   --window S             the queue's window outside the short period
 //!                          [3600, or twice the run if longer]
+//!   --clocks SPECS         each gateway's wall clock against PostgreSQL's, in
+//!                          gateway order, comma-separated: seconds, with `:`
+//!                          between offsets the clock jumps through at equal
+//!                          shares of the run (`+150`, `+7200:-7200`), `-` for
+//!                          the machine's clock, `off` for none at all
+//!                          [with --roles faults: -,+2W:-2W,-2W:+2W for a
+//!                          window W; otherwise off]
 //!   --database-url URL     use this database (default: a fresh one on
 //!                          STILE_TEST_DATABASE_URL's server, dropped at the end)
 //!
@@ -109,6 +118,7 @@ fn main() -> std::process::ExitCode {
         "shards",
         "engine",
         "window",
+        "clocks",
     ];
     if let Some(unknown) = options.keys().find(|k| !known.contains(&k.as_str())) {
         eprintln!("checker: unknown option --{unknown}");
@@ -165,6 +175,26 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::from(2);
             }
         };
+        let window = i64::from(config.long_window_seconds);
+        let default_clocks = match options.get("roles").map_or("faults", String::as_str) {
+            "faults" => format!("-,+{}:-{},-{}:+{}", 2 * window, 2 * window, 2 * window, 2 * window),
+            _ => "off".to_owned(),
+        };
+        let clocks = options.get("clocks").cloned().unwrap_or(default_clocks);
+        if clocks != "off" {
+            for (spec, clock) in config.gateways.iter_mut().zip(clocks.split(',')) {
+                if clock.trim() == "-" {
+                    continue;
+                }
+                match checker::ClockSkew::parse(clock) {
+                    Ok(skew) => *spec = spec.clone().clock(skew),
+                    Err(error) => {
+                        eprintln!("checker: --clocks {clocks}: {error:#}");
+                        return std::process::ExitCode::from(2);
+                    }
+                }
+            }
+        }
         let kill_every = number("kill-every", 20.0);
         let pg_every = number("pg-restart-every", 60.0);
         let short = number("short-window", 3.0);
