@@ -72,10 +72,9 @@ use uuid::Uuid;
 
 use crate::gateway::{Client, each_line, stile_binary};
 
-mod clock;
 mod vitals;
 
-pub use clock::ClockSkew;
+pub use crate::clock::ClockSkew;
 pub use vitals::{Latency, Sample};
 
 /// Slack for comparing our clock readings with PostgreSQL's (both read the
@@ -297,7 +296,7 @@ const TAIL_LINES: usize = 60;
 #[derive(Debug)]
 struct Node {
     spec: GatewaySpec,
-    clock: Option<clock::ClockFile>,
+    clock: Option<crate::clock::ClockFile>,
     database_url: String,
     addr: Option<SocketAddr>,
     child: Option<Child>,
@@ -340,7 +339,7 @@ impl Node {
         if let Some(skew) = &self.spec.clock
             && self.clock.is_none()
         {
-            self.clock = Some(clock::ClockFile::new(&self.spec.label, skew.offsets_s[0])?);
+            self.clock = Some(crate::clock::ClockFile::new(&self.spec.label, skew.offsets_s[0])?);
         }
         if let Some(file) = &self.clock {
             file.apply(&mut command);

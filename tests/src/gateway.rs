@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
+use crate::clock::ClockFile;
 use crate::pg::TestDb;
 
 /// How long a gateway may take to print its "listening on" line.
@@ -153,10 +154,13 @@ pub struct Process {
 impl Process {
     /// Spawns `stile` with `args` (and a clean `STILE_*` environment).
     /// `on_stdout_line` sees every stdout line as it arrives.
-    fn spawn(args: &[String], on_stdout_line: impl FnMut(&str) + Send + 'static) -> Process {
+    fn spawn(args: &[String], clock: Option<&ClockFile>, on_stdout_line: impl FnMut(&str) + Send + 'static) -> Process {
         let binary = stile_binary();
         let mut command = Command::new(&binary);
         command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(clock) = clock {
+            clock.apply(&mut command);
+        }
         for var in STILE_ENV {
             command.env_remove(var);
         }
@@ -175,7 +179,7 @@ impl Process {
     /// returns its exit status, stdout and stderr.
     pub async fn run(args: &[&str], timeout: Duration) -> (ExitStatus, String, String) {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let mut process = Process::spawn(&args, |_| {});
+        let mut process = Process::spawn(&args, None, |_| {});
         let status = process.wait_exit(timeout).await;
         let output = process.output.lock().expect("not poisoned");
         let stderr = output.stderr.join("\n");
@@ -297,6 +301,9 @@ pub struct GatewayOptions {
     pub max_items: Option<usize>,
     pub bearer_token: Option<String>,
     pub purge_seconds: Option<u64>,
+    /// The gateway's wall clock against the machine's, in seconds, set with
+    /// libfaketime (see [`crate::clock`]); `None` leaves it alone.
+    pub clock_offset_s: Option<i64>,
 }
 
 impl GatewayOptions {
@@ -336,6 +343,7 @@ impl GatewayOptions {
 pub struct Gateway {
     process: Process,
     addr: SocketAddr,
+    clock: Option<ClockFile>,
 }
 
 impl Gateway {
@@ -348,7 +356,10 @@ impl Gateway {
     pub async fn start_with(database_url: &str, options: &GatewayOptions) -> Gateway {
         let (ready_tx, ready_rx) = oneshot::channel::<SocketAddr>();
         let mut ready_tx = Some(ready_tx);
-        let mut process = Process::spawn(&options.args(database_url), move |line| {
+        let clock = options
+            .clock_offset_s
+            .map(|offset_s| ClockFile::new("gateway", offset_s).unwrap_or_else(|e| panic!("set the gateway's clock: {e:#}")));
+        let mut process = Process::spawn(&options.args(database_url), clock.as_ref(), move |line| {
             if let Some(addr) = listening_addr(line)
                 && let Some(tx) = ready_tx.take()
             {
@@ -357,7 +368,7 @@ impl Gateway {
         });
         // The sender is dropped at end of output: the process died first.
         match tokio::time::timeout(START_TIMEOUT, ready_rx).await {
-            Ok(Ok(addr)) => Gateway { process, addr },
+            Ok(Ok(addr)) => Gateway { process, addr, clock },
             Ok(Err(_)) => {
                 let status = process.wait_exit(Duration::from_secs(10)).await;
                 panic!("the gateway exited before listening ({status}):\n{}", process.logs())
@@ -389,6 +400,13 @@ impl Gateway {
     /// Everything the gateway printed so far.
     pub fn logs(&self) -> String {
         self.process.logs()
+    }
+
+    /// Moves the wall clock of a gateway started with a clock offset; the
+    /// gateway sees it within a second.
+    pub fn set_clock_offset(&self, offset_s: i64) {
+        let clock = self.clock.as_ref().expect("the gateway was started with `clock_offset_s`");
+        clock.set(offset_s).unwrap_or_else(|e| panic!("move the gateway's clock: {e:#}"));
     }
 }
 

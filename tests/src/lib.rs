@@ -2,6 +2,7 @@
 //! the built component, and gateway processes.
 
 pub mod checker;
+pub mod clock;
 pub mod component;
 pub mod cpu;
 pub mod gateway;

@@ -3,7 +3,7 @@
 //! must answer every call in it as the native core did, through a plain
 //! wasmtime embedding and through the gateway's own wrapper.
 //!
-//! The Node and Python hosts replay the same file (`hosts/run-tests.sh`).
+//! The Node and Python hosts replay the same file (`embed/run-tests.sh`).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -1,6 +1,6 @@
 // Replays tests/trace/cache-trace.json (recorded from stile's native core)
 // against the component transpiled by jco, and requires identical answers.
-// Run `npm run transpile` first (hosts/run-tests.sh does).
+// Run `npm run transpile` first (embed/run-tests.sh does).
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

@@ -4,11 +4,11 @@
 # target/stile_dedup.wasm and must answer as stile's native core did.
 #
 #   cargo build --release -p stile     # writes target/stile_dedup.wasm
-#   hosts/run-tests.sh [--bench]       # --bench also prints each host's call overhead
+#   embed/run-tests.sh [--bench]       # --bench also prints each host's call overhead
 #
 # Installs what it needs itself: the Node packages pinned in
-# hosts/node/package-lock.json (npm ci), and hosts/python/requirements.txt
-# into hosts/python/.venv (or with pip --user where venv is unavailable).
+# embed/node/package-lock.json (npm ci), and embed/python/requirements.txt
+# into embed/python/.venv (or with pip --user where venv is unavailable).
 # Exits non-zero if any step or test fails, or if a host runs no tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,12 +18,12 @@ bench=0
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 ;;
-    *) echo "usage: hosts/run-tests.sh [--bench]" >&2; exit 2 ;;
+    *) echo "usage: embed/run-tests.sh [--bench]" >&2; exit 2 ;;
   esac
 done
 
 step() { printf '\n== %s\n' "$*"; }
-fail() { echo "hosts/run-tests.sh: $*" >&2; exit 1; }
+fail() { echo "embed/run-tests.sh: $*" >&2; exit 1; }
 
 component=$root/target/stile_dedup.wasm
 [ -s "$component" ] || fail "$component is missing; run \`cargo build --release -p stile\` first"
@@ -31,7 +31,7 @@ echo "component: $component ($(wc -c <"$component") bytes)"
 
 step "node: install (npm ci) and transpile with jco"
 command -v node >/dev/null || fail "node is not installed"
-cd "$root/hosts/node"
+cd "$root/embed/node"
 npm ci --no-audit --no-fund --loglevel=error
 rm -rf generated
 npm run --silent transpile
@@ -50,9 +50,9 @@ node_passed=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$node_report")
 [ "${node_passed:-0}" -gt 0 ] || fail "node ran no tests"
 
 step "python: install (venv + pip)"
-cd "$root/hosts/python"
+cd "$root/embed/python"
 if [ -x .venv/bin/python ] || python3 -m venv .venv >/dev/null 2>&1; then
-  python=$root/hosts/python/.venv/bin/python
+  python=$root/embed/python/.venv/bin/python
   "$python" -m pip install --quiet --disable-pip-version-check -r requirements.txt
 else
   echo "python3 -m venv is unavailable; installing with pip --user"
@@ -72,8 +72,8 @@ set -e
 
 if [ "$bench" -eq 1 ]; then
   step "benchmarks"
-  (cd "$root/hosts/node" && node bench.mjs)
-  (cd "$root/hosts/python" && "$python" bench.py)
+  (cd "$root/embed/node" && node bench.mjs)
+  (cd "$root/embed/python" && "$python" bench.py)
 fi
 
 step "every host replayed the trace"

@@ -1,6 +1,6 @@
 //! The clock fault: a gateway whose wall clock is off PostgreSQL's, set with
 //! libfaketime (Debian's `faketime` package) preloaded into the gateway
-//! process. Its monotonic clock is left alone, as a VM resumed without time
+//! process, for the checker and the gateway tests. Its monotonic clock is left alone, as a VM resumed without time
 //! sync or a time-sync step would leave it. The offset lives in a file that
 //! libfaketime re-reads every second, so that the clock can jump mid-run; a
 //! gateway restarted after a kill comes back with the offset then in force.
@@ -43,7 +43,7 @@ impl ClockSkew {
     }
 
     /// The jumps after the start: when, into a run of `run`, and to what.
-    pub(super) fn jumps(&self, run: Duration) -> impl Iterator<Item = (Duration, i64)> + '_ {
+    pub fn jumps(&self, run: Duration) -> impl Iterator<Item = (Duration, i64)> + '_ {
         let shares = self.offsets_s.len() as u32;
         self.offsets_s.iter().enumerate().skip(1).map(move |(i, &offset_s)| (run * i as u32 / shares, offset_s))
     }
@@ -52,7 +52,7 @@ impl ClockSkew {
 /// The file one gateway's libfaketime reads its offset from; removed when
 /// dropped.
 #[derive(Debug)]
-pub(super) struct ClockFile {
+pub struct ClockFile {
     path: PathBuf,
     library: PathBuf,
 }
