@@ -17,6 +17,11 @@ fn main() {
     for watched in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
     }
+    if let Err(why) = ensure_wasm_target(workspace) {
+        // One line, naming what to run: cargo shows a build script's panic
+        // message as the error.
+        panic!("{why}");
+    }
     let core_module = build_guest(workspace);
     let component = componentize(&core_module);
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets it")).join("stile_dedup.wasm");
@@ -24,6 +29,38 @@ fn main() {
     // A stable copy beside the other build outputs, for other hosts to load.
     let published = workspace.join("target").join("stile_dedup.wasm");
     let _ = std::fs::write(published, std::fs::read(&out).expect("read back the component"));
+}
+
+/// Makes sure the toolchain can build for [`WASM_TARGET`]: rustup's automatic
+/// installs may be off (`RUSTUP_AUTO_INSTALL=0`), and then `rust-toolchain.toml`
+/// alone installs nothing. Where rustup manages the toolchain, the target is
+/// added through it (saying so in one line); elsewhere the error names the
+/// command to run.
+fn ensure_wasm_target(workspace: &Path) -> Result<(), String> {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let sysroot = Command::new(&rustc)
+        .arg("--print")
+        .arg("sysroot")
+        .current_dir(workspace)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", Path::new(&rustc).display()))?;
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    let installed = |sysroot: &Path| sysroot.join("lib/rustlib").join(WASM_TARGET).join("lib").is_dir();
+    if installed(&sysroot) {
+        return Ok(());
+    }
+    let install = format!("rustup target add {WASM_TARGET}");
+    println!("cargo:warning=the {WASM_TARGET} target is not installed; installing it with `{install}`");
+    let added = Command::new("rustup").args(["target", "add", WASM_TARGET]).current_dir(workspace).status();
+    match added {
+        Ok(status) if status.success() && installed(&sysroot) => Ok(()),
+        Ok(status) => Err(format!("the {WASM_TARGET} target is missing and `{install}` failed ({status}): run it by hand")),
+        Err(_) => Err(format!(
+            "the {WASM_TARGET} target is missing from {} and rustup is not available: install the target for this \
+             toolchain (with rustup: `{install}`)",
+            sysroot.display()
+        )),
+    }
 }
 
 fn build_guest(workspace: &Path) -> PathBuf {

@@ -706,6 +706,19 @@ AS $$
      LIMIT greatest(p_limit, 0)
 $$;
 
+-- Every stored message, a row each: for programs that read the log with plain
+-- SQL. Filter on queue and partition (and "offset"), as stile.read_messages
+-- does; created_at is the commit time of the message's segment.
+CREATE OR REPLACE VIEW stile.messages AS
+    SELECT p.queue, p.name AS partition, s.base_offset + m.i - 1 AS "offset",
+           m.id AS message_id, m.txn AS transaction_id, m.payload, s.created_at
+      FROM stile.segments s
+      JOIN stile.partitions p ON p.id = s.partition_id
+     CROSS JOIN LATERAL ROWS FROM (unnest(s.message_ids),
+                                  unnest(s.transaction_ids),
+                                  unnest(s.payloads))
+                  WITH ORDINALITY AS m(id, txn, payload, i);
+
 -- The newest stored message of a partition whose transactionId is p_txn.
 -- p_hash is its 16-byte hash: txns rows are searched newest first for it,
 -- and the stored transactionId is compared to rule out a hash collision.

@@ -9,7 +9,7 @@
 
 use stile_guest::{Admission, Commit, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, ShardConfig, Stats};
 
-use crate::wasm::{WasmEngine, WasmShard};
+use crate::wasm::{Installed, WasmEngine, WasmShard};
 
 /// Which engine runs the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -60,9 +60,9 @@ impl ShardCache {
         }
     }
 
-    pub fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
+    pub fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<Installed, HydrateError> {
         match self {
-            ShardCache::Native(shard) => shard.hydrate(now_ms, hydration),
+            ShardCache::Native(shard) => shard.hydrate(now_ms, hydration).map(|()| Installed::Yes),
             ShardCache::Wasm(shard) => shard.hydrate(now_ms, hydration),
         }
     }

@@ -99,11 +99,18 @@ impl From<BadRequest> for Failure {
 
 impl From<DbError> for Failure {
     fn from(error: DbError) -> Failure {
+        // The error's own text says what it is ("database unavailable: …",
+        // "database error 42P01: …"), except for the few that are not the
+        // database's words.
         if error.is_unavailable() {
-            Failure::Unavailable(format!("database unavailable: {error}"))
+            Failure::Unavailable(error.to_string())
         } else {
             tracing::error!(error = %error, "database error");
-            Failure::Status(StatusCode::INTERNAL_SERVER_ERROR, format!("database error: {error}"))
+            let message = match error {
+                DbError::Postgres { .. } => error.to_string(),
+                other => format!("database error: {other}"),
+            };
+            Failure::Status(StatusCode::INTERNAL_SERVER_ERROR, message)
         }
     }
 }

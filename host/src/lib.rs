@@ -5,6 +5,7 @@
 //! validation) → [`gateway`] (layer 1, partition metadata, routing) →
 //! [`shard`] (one worker per shard: [`fusion`]'s layer 2, the [`cache`], and
 //! one bundle per flush) → [`db`] (PostgreSQL, the one authority).
+#![forbid(unsafe_code)]
 
 pub mod api;
 pub mod cache;

@@ -1,4 +1,5 @@
 //! The `stile` command.
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::time::Duration;

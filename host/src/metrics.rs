@@ -82,7 +82,7 @@ impl Metrics {
             let mut r = metrics.registry.lock().expect("not poisoned");
             r.register("pushes", "Pushed messages by final status", metrics.pushes.clone());
             r.register("segments", "Segments pushed by probe mode (skipped, narrowed, full, off)", metrics.segments.clone());
-            r.register("hydrations", "Cache hydrations by outcome", metrics.hydrations.clone());
+            r.register("hydrations", "Cache hydrations by outcome (installed, refused, lost)", metrics.hydrations.clone());
             r.register("flush_size_messages", "Messages per flushed segment", metrics.flush_sizes.clone());
             r.register("sql_push_seconds", "Latency of one bundle's push function call", metrics.sql_seconds.clone());
             r.register("guest_call_seconds", "Latency of one cache call", metrics.guest_seconds.clone());
@@ -137,8 +137,9 @@ impl Metrics {
         self.segments.get_or_create(&ProbeLabel { probe }).inc();
     }
 
-    pub fn hydration(&self, installed: bool) {
-        let outcome = if installed { "installed" } else { "refused" };
+    /// A hydration's outcome: `installed`, `refused` (malformed or window
+    /// 0), or `lost` (the instance failed during the call).
+    pub fn hydration(&self, outcome: &'static str) {
         self.hydrations.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 

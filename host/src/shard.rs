@@ -35,6 +35,7 @@ use crate::cache::ShardCache;
 use crate::db::{ClockFloor, Db, DbError, HydrationRows, MessageOutcome, SegmentOutcome, SegmentPush};
 use crate::fusion::{Message, PartitionQueue, Segment, Slot};
 use crate::metrics::Metrics;
+use crate::wasm::Installed;
 
 /// The final result of one message of a push.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -545,9 +546,13 @@ impl Worker {
         };
         let started = Instant::now();
         let now = self.now();
-        let installed = self.cache.hydrate(now, &hydration);
+        let outcome = match self.cache.hydrate(now, &hydration) {
+            Ok(Installed::Yes) => "installed",
+            Ok(Installed::LostWithTheInstance) => "lost",
+            Err(_) => "refused",
+        };
         self.metrics.guest_call(started.elapsed());
-        self.metrics.hydration(installed.is_ok());
+        self.metrics.hydration(outcome);
     }
 
     fn failed(&mut self, segments: Vec<InFlight>, error: &DbError) {

@@ -31,6 +31,14 @@ const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// a second) and short enough that a runaway guest cannot stall a shard.
 const CALL_DEADLINE_TICKS: u64 = 200;
 
+/// What became of a well-formed hydration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Installed {
+    Yes,
+    /// The guest call failed; the instance was retired and rebuilt empty.
+    LostWithTheInstance,
+}
+
 /// The compiled component, shared by every shard.
 #[derive(Clone)]
 pub struct WasmEngine {
@@ -155,7 +163,7 @@ impl WasmShard {
         }
     }
 
-    pub fn hydrate(&mut self, now_ms: core::Millis, hydration: &core::Hydration<'_>) -> Result<(), core::HydrateError> {
+    pub fn hydrate(&mut self, now_ms: core::Millis, hydration: &core::Hydration<'_>) -> Result<Installed, core::HydrateError> {
         let hydration = wit::Hydration {
             partition: hydration.partition,
             window_ms: hydration.window_ms,
@@ -172,11 +180,12 @@ impl WasmShard {
                 .collect(),
         };
         match self.call(|guest, store, shard| guest.call_hydrate(store, shard, now_ms, &hydration)) {
-            Some(Ok(())) => Ok(()),
+            Some(Ok(())) => Ok(Installed::Yes),
             Some(Err(wit::HydrateError::WindowOff)) => Err(core::HydrateError::WindowOff),
-            // A retired instance installed nothing; to the caller that is a
-            // hydration that did not take.
-            Some(Err(wit::HydrateError::Malformed)) | None => Err(core::HydrateError::Malformed),
+            Some(Err(wit::HydrateError::Malformed)) => Err(core::HydrateError::Malformed),
+            // The instance failed and was replaced by an empty one: the rows
+            // were well formed, and simply not kept.
+            None => Ok(Installed::LostWithTheInstance),
         }
     }
 

@@ -49,7 +49,9 @@ impl Cache for HealthyShard {
     }
 
     fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-        let result = self.0.hydrate(now_ms, hydration);
+        let result = self.0.hydrate(now_ms, hydration).map(|installed| {
+            assert_eq!(installed, stile::wasm::Installed::Yes, "a healthy instance keeps what it is given");
+        });
         self.healthy(result)
     }
 

@@ -1,7 +1,7 @@
 //! Migrations and connections: idempotent, safe to run from several
 //! gateways at once; errors sorted into "unavailable" and the rest.
 
-use stile::db::{Db, MIGRATIONS};
+use stile::db::{Db, MIGRATIONS, Migration};
 use stile_tests::pg::TestDb;
 
 async fn applied(t: &TestDb) -> Vec<i32> {
@@ -96,6 +96,35 @@ async fn functions_from_an_older_build_are_replaced_once() {
     let sets: i64 = c.query_one("SELECT count(*) FROM stile.function_sets", &[]).await.unwrap().get(0);
     assert_eq!(sets, 2);
     assert_eq!(applied(&t).await, all_versions());
+}
+
+/// The functions are applied after every versioned migration: one that
+/// drops a function the set defines leaves it defined, on a fresh database
+/// and on one migrated before it.
+#[tokio::test]
+async fn a_later_migration_that_drops_a_function_leaves_it_defined() {
+    let with_drop = |version| {
+        let mut migrations = MIGRATIONS.to_vec();
+        migrations.push(Migration {
+            version,
+            name: "drops option_defaults",
+            sql: "DROP FUNCTION stile.option_defaults() CASCADE",
+        });
+        migrations
+    };
+    let defaults = |c: tokio_postgres::Client| async move {
+        c.query_one("SELECT stile.option_defaults() ->> 'dedupWindowSeconds'", &[]).await.map(|row| row.get::<_, String>(0))
+    };
+    // Fresh.
+    let fresh = TestDb::unmigrated(1).await;
+    fresh.db.migrate_with(&with_drop(1000)).await.unwrap();
+    assert_eq!(defaults(fresh.client().await).await.expect("option_defaults is defined"), "3600");
+    // Migrated by this build before the drop came along.
+    let older = TestDb::unmigrated(1).await;
+    older.db.migrate().await.unwrap();
+    older.client().await.execute("UPDATE stile.function_sets SET checksum = 'an older build'", &[]).await.unwrap();
+    older.db.migrate_with(&with_drop(1000)).await.unwrap();
+    assert_eq!(defaults(older.client().await).await.expect("option_defaults is defined"), "3600");
 }
 
 #[tokio::test]

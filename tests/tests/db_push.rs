@@ -633,6 +633,29 @@ async fn reads_return_what_was_pushed() {
     assert!(t.db.read_messages("q", "p", 5, 10).await.unwrap().is_empty());
     assert!(t.db.read_messages("q", "nope", 0, 10).await.unwrap().is_empty());
 
+    // The same log through the plain-SQL view, beside another partition's.
+    let other = t.db.resolve_partition("q", "other").await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(other.id, &["z"], -1, 3600)]).await.unwrap();
+    let c = t.client().await;
+    let rows = c
+        .query(
+            "SELECT \"offset\", message_id, transaction_id, payload::text, \
+                    ceil(extract(epoch FROM created_at) * 1000)::bigint \
+               FROM stile.messages WHERE queue = 'q' AND partition = 'p' ORDER BY \"offset\"",
+            &[],
+        )
+        .await
+        .unwrap();
+    let viewed: Vec<(i64, uuid::Uuid, String, String, i64)> =
+        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+    let read: Vec<(i64, uuid::Uuid, String, String, i64)> = all
+        .iter()
+        .map(|m| (m.offset, m.message_id, m.transaction_id.clone(), m.payload.raw().get().to_owned(), m.created_ms))
+        .collect();
+    assert_eq!(viewed, read);
+    let total: i64 = c.query_one("SELECT count(*) FROM stile.messages", &[]).await.unwrap().get(0);
+    assert_eq!(total, 6);
+
     let hash = stile::hash::txn_hash;
     let m = t.db.message_by_transaction_id("q", "p", hash("d"), "d").await.unwrap().unwrap();
     assert_eq!((m.offset, m.message_id), (3, ids[3]));

@@ -16,13 +16,18 @@ pub struct Migration {
 /// The migrations this build knows, in order.
 pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "schema", sql: include_str!("../../sql/0001_schema.sql") },
-    Migration { version: 2, name: "functions", sql: FUNCTIONS },
+    // Version 2 applied the functions once; they are now their own step,
+    // after every versioned migration. The version stays, so that the
+    // numbering of databases migrated before and after agrees.
+    Migration { version: 2, name: "functions", sql: "" },
 ];
 
-/// The functions the gateway calls. Unlike the schema they are replaced
-/// whenever their text changes: a database migrated by an older build gets
-/// this build's push function, not just the tables it lacks. Each applied
-/// text is recorded by its checksum in `stile.function_sets`.
+/// The functions (and views) the gateway and its readers use. Unlike the
+/// schema they are applied after every versioned migration, whenever their
+/// text changes: a database migrated by an older build gets this build's
+/// push function, not just the tables it lacks, and a function a later
+/// migration drops is back on a fresh database too. Each applied text is
+/// recorded by its checksum in `stile.function_sets`.
 pub const FUNCTIONS: &str = include_str!("../../sql/0002_functions.sql");
 
 /// The key of the transaction-scoped advisory lock that serialises
@@ -38,14 +43,13 @@ const BOOTSTRAP: &str = "CREATE SCHEMA IF NOT EXISTS stile; \
          checksum text PRIMARY KEY, \
          applied_at timestamptz NOT NULL DEFAULT now())";
 
-pub(super) async fn run(client: &mut deadpool_postgres::Client) -> Result<(), DbError> {
+pub(super) async fn run(client: &mut deadpool_postgres::Client, migrations: &[Migration]) -> Result<(), DbError> {
     // Up to date already: nothing to lock (and no CREATE privilege needed).
-    let latest = MIGRATIONS.last().map_or(0, |m| m.version);
+    let latest = migrations.last().map_or(0, |m| m.version);
     if version(client).await? >= latest && functions_current(client).await? {
         return Ok(());
     }
-    let mut functions_applied = false;
-    for m in MIGRATIONS {
+    for m in migrations {
         let tx = client.transaction().await?;
         // Waits for any other migrator; released by COMMIT or ROLLBACK.
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
@@ -54,7 +58,6 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client) -> Result<(), Db
         if !done {
             apply(&tx, &format!("{} ({})", m.version, m.name), m.sql).await?;
             tx.execute("INSERT INTO stile.schema_migrations (version, name) VALUES ($1, $2)", &[&m.version, &m.name]).await?;
-            functions_applied |= m.sql == FUNCTIONS;
         }
         tx.commit().await?;
     }
@@ -63,9 +66,7 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client) -> Result<(), Db
     let checksum = checksum(FUNCTIONS);
     let recorded = tx.query_opt("SELECT 1 FROM stile.function_sets WHERE checksum = $1", &[&checksum]).await?.is_some();
     if !recorded {
-        if !functions_applied {
-            apply(&tx, "functions, replaced", FUNCTIONS).await?;
-        }
+        apply(&tx, "functions", FUNCTIONS).await?;
         tx.execute("INSERT INTO stile.function_sets (checksum) VALUES ($1)", &[&checksum]).await?;
     }
     tx.commit().await?;

@@ -328,8 +328,15 @@ impl Db {
     /// its own transaction under a transaction-scoped advisory lock, so any
     /// number of gateways may start against one database at once.
     pub async fn migrate(&self) -> Result<(), DbError> {
+        self.migrate_with(MIGRATIONS).await
+    }
+
+    /// Like [`Db::migrate`], with `migrations` in place of this build's
+    /// [`MIGRATIONS`] (and this build's functions after them): for testing
+    /// what a later migration does.
+    pub async fn migrate_with(&self, migrations: &[Migration]) -> Result<(), DbError> {
         let mut client = self.pool.get().await?;
-        migrate::run(&mut client).await
+        migrate::run(&mut client, migrations).await
     }
 
     /// A reading of PostgreSQL's clock (`clock_timestamp()`), in ms since the
