@@ -67,6 +67,10 @@ struct ServeArgs {
     /// Fault injection for tests: guest calls per million that trap.
     #[arg(long, env = "STILE_INJECT_GUEST_TRAPS_PER_MILLION", default_value_t = 0, hide = true)]
     inject_guest_traps_per_million: u32,
+    /// Fault injection for tests: once the shards have started, no cache
+    /// instance can be made again.
+    #[arg(long, env = "STILE_INJECT_INSTANCE_REFUSALS", default_value_t = false, hide = true)]
+    inject_instance_refusals: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -85,6 +89,7 @@ fn main() -> std::process::ExitCode {
         pool_size: args.pool_size,
         purge_every: Duration::from_secs(args.purge_seconds.max(1)),
         inject_guest_traps_per_million: args.inject_guest_traps_per_million,
+        inject_instance_refusals: args.inject_instance_refusals,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("start the tokio runtime");
     match runtime.block_on(serve(config, shutdown_signal())) {

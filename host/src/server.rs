@@ -38,6 +38,9 @@ pub struct ServeConfig {
     pub purge_every: Duration,
     /// Guest calls per million that trap (fault tests only).
     pub inject_guest_traps_per_million: u32,
+    /// Once the shards have started, no cache instance can be made again
+    /// (fault tests only).
+    pub inject_instance_refusals: bool,
 }
 
 /// Runs the gateway until `shutdown` resolves, then stops accepting, lets
@@ -72,6 +75,9 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
         let (handle, worker) = shard::spawn(id, cache, db.clone(), metrics.clone(), shard_config, first);
         handles.push(handle);
         workers.push(worker);
+    }
+    if let Some(engine) = &engine {
+        engine.faults().refuse_instances.store(config.inject_instance_refusals, std::sync::atomic::Ordering::Relaxed);
     }
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("listen on {}", config.listen))?;
     let local = listener.local_addr()?;

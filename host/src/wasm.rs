@@ -4,12 +4,14 @@
 //! Every call runs under an epoch deadline and the store under a memory
 //! limit. A trap, an exhausted deadline or a failed memory grow retires the
 //! instance: the shard is rebuilt from the shared `InstancePre`, and the call
-//! that failed answers as an empty cache would (`-1`, cold). The verdicts never
-//! depend on the guest.
+//! that failed answers as an empty cache would (`-1`, cold). A shard whose
+//! instance cannot be rebuilt keeps serving without one, answering as an
+//! empty cache, and tries again on later calls with a backoff (100 ms,
+//! doubling to 30 s). The verdicts never depend on the guest.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use stile_guest as core;
@@ -54,13 +56,21 @@ impl std::fmt::Debug for WasmEngine {
     }
 }
 
-/// A test-only switch: traps a fraction of guest calls, by cutting their
-/// epoch deadline to nothing, so that the rebuild path runs for real.
+/// Test-only switches: trap a fraction of guest calls, by cutting their
+/// epoch deadline to nothing, so that the rebuild path runs for real; and
+/// make instantiation fail, so that the path without an instance does.
 #[derive(Debug, Default)]
 pub struct FaultInjection {
     /// Calls per million that trap.
     pub trap_per_million: AtomicU32,
+    /// While set, every new instance fails to start.
+    pub refuse_instances: AtomicBool,
 }
+
+/// The first wait before instantiating again after a failure; it doubles up
+/// to [`REBUILD_BACKOFF_MAX`].
+const REBUILD_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const REBUILD_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 impl WasmEngine {
     /// Compiles `component` (the embedded one by default) and prepares it for
@@ -91,7 +101,12 @@ struct StoreState {
 pub struct WasmShard {
     engine: WasmEngine,
     config: core::ShardConfig,
-    live: Live,
+    /// `None` while no instance could be made: calls answer as an empty
+    /// cache until one can.
+    live: Option<Live>,
+    /// When to try instantiating again while `live` is `None`.
+    next_attempt: Instant,
+    backoff: Duration,
     rebuilds: u64,
     fault_counter: u64,
 }
@@ -112,7 +127,20 @@ struct Live {
 impl WasmShard {
     pub fn new(engine: &WasmEngine, config: core::ShardConfig) -> anyhow::Result<WasmShard> {
         let live = Live::instantiate(engine, config)?;
-        Ok(WasmShard { engine: engine.clone(), config, live, rebuilds: 0, fault_counter: 0 })
+        Ok(WasmShard {
+            engine: engine.clone(),
+            config,
+            live: Some(live),
+            next_attempt: Instant::now(),
+            backoff: REBUILD_BACKOFF_MIN,
+            rebuilds: 0,
+            fault_counter: 0,
+        })
+    }
+
+    /// Whether an instance is running (none while instantiation fails).
+    pub fn is_live(&self) -> bool {
+        self.live.is_some()
     }
 
     pub fn rebuilds(&self) -> u64 {
@@ -202,13 +230,17 @@ impl WasmShard {
     }
 
     /// Runs one guest call under the deadline. On failure the instance is
-    /// retired and rebuilt, and the call answers `None`.
+    /// retired and rebuilt, and the call answers `None`; without an
+    /// instance, it answers `None` at once.
     fn call<R>(
         &mut self,
         f: impl FnOnce(wit::GuestShard<'_>, &mut Store<StoreState>, ResourceAny) -> wasmtime::Result<R>,
     ) -> Option<R> {
+        if self.live.is_none() && Instant::now() >= self.next_attempt {
+            self.replace_instance();
+        }
         let deadline = if self.inject_fault() { 0 } else { CALL_DEADLINE_TICKS };
-        let Live { store, bindings, shard } = &mut self.live;
+        let Live { store, bindings, shard } = self.live.as_mut()?;
         store.set_epoch_deadline(deadline);
         match f(bindings.stile_dedup_cache().shard(), store, *shard) {
             Ok(value) => Some(value),
@@ -243,19 +275,24 @@ impl WasmShard {
         self.replace_instance();
     }
 
+    /// Drops the instance and makes a new one. If that fails, the shard goes
+    /// on without one (every call answers as an empty cache) and tries again
+    /// after the backoff.
     fn replace_instance(&mut self) {
-        // Instantiating from a validated InstancePre fails only if the engine
-        // itself is broken; keep trying rather than serve without a cache.
-        loop {
-            match Live::instantiate(&self.engine, self.config) {
-                Ok(live) => {
-                    self.live = live;
-                    return;
-                }
-                Err(error) => {
-                    tracing::error!(error = %error, "cannot rebuild the cache instance");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
+        self.live = None;
+        match Live::instantiate(&self.engine, self.config) {
+            Ok(live) => {
+                self.live = Some(live);
+                self.backoff = REBUILD_BACKOFF_MIN;
+            }
+            Err(error) => {
+                tracing::error!(
+                    error = %error,
+                    retry_in_ms = self.backoff.as_millis() as u64,
+                    "cannot make a cache instance; the shard probes in full until one starts"
+                );
+                self.next_attempt = Instant::now() + self.backoff;
+                self.backoff = (self.backoff * 2).min(REBUILD_BACKOFF_MAX);
             }
         }
     }
@@ -263,6 +300,9 @@ impl WasmShard {
 
 impl Live {
     fn instantiate(engine: &WasmEngine, config: core::ShardConfig) -> anyhow::Result<Live> {
+        if engine.faults.refuse_instances.load(Ordering::Relaxed) {
+            anyhow::bail!("instantiation refused (fault injection)");
+        }
         let limits = StoreLimitsBuilder::new().memory_size(memory_limit(config.budget_bytes)).trap_on_grow_failure(true).build();
         let mut store = Store::new(&engine.engine, StoreState { limits });
         store.limiter(|state| &mut state.limits);

@@ -304,6 +304,10 @@ pub struct GatewayOptions {
     /// The gateway's wall clock against the machine's, in seconds, set with
     /// libfaketime (see [`crate::clock`]); `None` leaves it alone.
     pub clock_offset_s: Option<i64>,
+    /// Guest calls per million that trap.
+    pub inject_guest_traps_per_million: Option<u32>,
+    /// Once started, no cache instance can be made again.
+    pub inject_instance_refusals: bool,
 }
 
 impl GatewayOptions {
@@ -333,6 +337,12 @@ impl GatewayOptions {
         }
         if let Some(token) = &self.bearer_token {
             flag("bearer-token", token.clone());
+        }
+        if let Some(per_million) = self.inject_guest_traps_per_million {
+            flag("inject-guest-traps-per-million", per_million.to_string());
+        }
+        if self.inject_instance_refusals {
+            args.push("--inject-instance-refusals".to_owned());
         }
         args
     }

@@ -1,6 +1,7 @@
 //! A trapping guest never changes a verdict: the host retires the instance,
 //! answers as an empty cache would (`-1`, cold), rebuilds it from the shared
-//! `InstancePre`, and the rebuilt cache vouches again once hydrated.
+//! `InstancePre`, and the rebuilt cache vouches again once hydrated. One that
+//! cannot be rebuilt leaves the shard answering as an empty cache.
 //!
 //! Each test compiles its own engine, because the fault switch belongs to the
 //! engine and the tests of this binary run in parallel.
@@ -44,6 +45,39 @@ fn hydrate(shard: &mut WasmShard, now_ms: Millis, last_offset: Offset) -> Result
     let bytes = hashes(0..=last_offset as u64);
     let rows = [TxnsRow { base_offset: 0, end_offset: last_offset, created_ms: now_ms, hashes: &bytes }];
     shard.hydrate(now_ms, &Hydration { partition: PARTITION, window_ms: WINDOW_MS, last_offset, rows: &rows })
+}
+
+/// An instance that cannot be rebuilt: the shard goes on without one,
+/// answering every call as an empty cache at once, and starts one again when
+/// instantiation works again (after its backoff).
+#[test]
+fn a_shard_whose_instance_cannot_be_rebuilt_answers_as_an_empty_cache_until_it_can() {
+    let engine = WasmEngine::new(COMPONENT).expect("compile the component");
+    let mut shard = WasmShard::new(&engine, CONFIG).expect("instantiate");
+    assert_eq!(hydrate(&mut shard, T0, 9), Ok(Installed::Yes));
+    engine.faults().refuse_instances.store(true, Ordering::Relaxed);
+    engine.faults().trap_per_million.store(1_000_000, Ordering::Relaxed);
+    assert_eq!(plan(&mut shard, T0 + 1, &hashes([100])), cold(), "the trap retires the instance");
+    assert!(!shard.is_live(), "and none can be made");
+    engine.faults().trap_per_million.store(0, Ordering::Relaxed);
+    for i in 0..100 {
+        assert_eq!(plan(&mut shard, T0 + 2 + i, &hashes([100, 3])), cold());
+        assert_eq!(shard.admit(T0 + 2 + i, PARTITION, WINDOW_MS, 10), Admission::Suppressed);
+        assert_eq!(hydrate(&mut shard, T0 + 2 + i, 9), Ok(Installed::LostWithTheInstance));
+        assert_eq!(shard.stats(), Stats::default());
+    }
+    engine.faults().refuse_instances.store(false, Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !shard.is_live() {
+        assert!(std::time::Instant::now() < deadline, "no instance 10 s after instantiation works again");
+        std::thread::yield_now();
+        shard.stats();
+    }
+    assert_eq!(hydrate(&mut shard, T0 + 200, 9), Ok(Installed::Yes));
+    assert_eq!(
+        plan(&mut shard, T0 + 201, &hashes([100, 101])),
+        Plan { p_verified: 9, local_hits: vec![], state: EntryState::Vouching }
+    );
 }
 
 #[test]

@@ -108,7 +108,7 @@ async fn a_later_migration_that_drops_a_function_leaves_it_defined() {
         migrations.push(Migration {
             version,
             name: "drops option_defaults",
-            sql: "DROP FUNCTION stile.option_defaults() CASCADE",
+            sql: "DROP FUNCTION IF EXISTS stile.option_defaults() CASCADE",
         });
         migrations
     };

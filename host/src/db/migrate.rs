@@ -27,7 +27,9 @@ pub const MIGRATIONS: &[Migration] = &[
 /// text changes: a database migrated by an older build gets this build's
 /// push function, not just the tables it lacks, and a function a later
 /// migration drops is back on a fresh database too. Each applied text is
-/// recorded by its checksum in `stile.function_sets`.
+/// recorded by its checksum in `stile.function_sets`. (On a fresh database
+/// the versioned migrations run before any function exists: one that drops
+/// a function says `IF EXISTS`.)
 pub const FUNCTIONS: &str = include_str!("../../sql/0002_functions.sql");
 
 /// The key of the transaction-scoped advisory lock that serialises
