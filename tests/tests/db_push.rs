@@ -2,7 +2,7 @@
 //! what a duplicate leaves behind (nothing), and where its neighbours go.
 
 use serde_json::{Map, json};
-use stile::db::{ClockFloor, ConfigureMode, Duplicate, MessageOutcome, ProbeMode, SegmentOutcome};
+use stile::db::{ClockFloor, ConfigureMode, Duplicate, MessageOutcome, ProbeMode, SegmentOutcome, SegmentPush};
 use stile::payload::Payload;
 use stile_tests::pg::{TestDb, partition_state, segment};
 use tokio_postgres::types::Json;
@@ -34,6 +34,31 @@ fn placed(duplicates: &[Duplicate]) -> Vec<(u32, i64)> {
 /// Each duplicate as (its index, its original's offset and message id).
 fn named(duplicates: &[Duplicate]) -> Vec<(u32, i64, uuid::Uuid)> {
     duplicates.iter().map(|d| (d.index, d.offset, d.message_id)).collect()
+}
+
+/// One segment through `stile.push` in plain SQL, with `clock_floor_ms` as
+/// given (`None`: NULL): its row's probe, dup_idx and dup_off.
+async fn push_in_sql(c: &tokio_postgres::Client, s: &SegmentPush, clock_floor_ms: Option<i64>) -> tokio_postgres::Row {
+    let payloads: Vec<Json<&serde_json::value::RawValue>> = s.payloads.iter().map(|payload| Json(payload.raw())).collect();
+    let rows = c
+        .query(
+            "SELECT probe, dup_idx, dup_off FROM stile.push(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY[$3::integer], \
+                    ARRAY[$4::integer], ARRAY[$5::bytea], $6::uuid[], $7::text[], $8::json[], $9)",
+            &[
+                &s.partition_id,
+                &s.p_verified,
+                &s.planned_window_seconds,
+                &(s.len() as i32),
+                &s.hashes,
+                &s.message_ids,
+                &s.transaction_ids,
+                &payloads,
+                &clock_floor_ms,
+            ],
+        )
+        .await
+        .unwrap();
+    rows.into_iter().next().expect("one row per segment")
 }
 
 async fn set_window(t: &TestDb, queue: &str, seconds: i64) {
@@ -247,7 +272,7 @@ async fn a_retry_that_is_a_run_of_its_row_is_answered_from_that_row() {
 }
 
 /// A segment whose hashes are given as bytes, for hashes that overlap others.
-fn segment_of_hashes(partition_id: i64, hashes: &[[u8; 16]], p_verified: i64) -> stile::db::SegmentPush {
+fn segment_of_hashes(partition_id: i64, hashes: &[[u8; 16]], p_verified: i64) -> SegmentPush {
     let mut s = segment(partition_id, &vec!["h"; hashes.len()], p_verified, 3600);
     s.transaction_ids = (0..hashes.len()).map(|i| format!("h{i}")).collect();
     s.hashes = hashes.concat();
@@ -331,25 +356,10 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
         let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.txns_end_offset'::regclass)";
         c.batch_execute("BEGIN").await.unwrap();
         let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get(0);
-        let rows = c
-            .query(
-                "SELECT probe, dup_idx, dup_off FROM stile.push(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY[3600], \
-                        ARRAY[$3::integer], ARRAY[$4::bytea], $5::uuid[], $6::text[], $7::json[], 0)",
-                &[
-                    &p.id,
-                    &floor,
-                    &(names.len() as i32),
-                    &retry.hashes,
-                    &retry.message_ids,
-                    &retry.transaction_ids,
-                    &retry.payloads.iter().map(|payload| Json(payload.raw())).collect::<Vec<_>>(),
-                ],
-            )
-            .await
-            .unwrap();
+        let row = push_in_sql(&c, &retry, Some(0)).await;
         let read = c.query_one(index_reads, &[]).await.unwrap().get::<_, i64>(0) - before;
         c.batch_execute("ROLLBACK").await.unwrap();
-        let (probe, idx, off): (String, Vec<i32>, Vec<i64>) = (rows[0].get(0), rows[0].get(1), rows[0].get(2));
+        let (probe, idx, off): (String, Vec<i32>, Vec<i64>) = (row.get(0), row.get(1), row.get(2));
         let expected: Vec<i64> = names.iter().map(|n| offset_of(n)).collect();
         assert_eq!(probe, "narrowed", "{names:?}");
         assert_eq!(idx, (0..names.len() as i32).collect::<Vec<_>>(), "{names:?}");
@@ -679,7 +689,7 @@ async fn reads_return_what_was_pushed() {
 
 /// Stores the segments in order with the queue's window at 0, so that
 /// repeats are stored again, then sets the window back to an hour.
-async fn store_with_repeats<const N: usize>(t: &TestDb, segments: [stile::db::SegmentPush; N]) {
+async fn store_with_repeats<const N: usize>(t: &TestDb, segments: [SegmentPush; N]) {
     set_window(t, "q", 0).await;
     for s in segments {
         t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
@@ -687,7 +697,7 @@ async fn store_with_repeats<const N: usize>(t: &TestDb, segments: [stile::db::Se
     set_window(t, "q", 3600).await;
 }
 
-async fn set_window_zero_then_push(t: &TestDb, s: stile::db::SegmentPush) {
+async fn set_window_zero_then_push(t: &TestDb, s: SegmentPush) {
     set_window(t, "q", 0).await;
     t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
 }
@@ -778,22 +788,8 @@ async fn a_vouch_planned_ahead_of_the_database_clock_is_refused() {
 
     // No floor at all (NULL) vouches for nothing.
     let c = t.client().await;
-    let retry = segment(p.id, &["c"], 3, 3600);
-    let rows = c
-        .query(
-            "SELECT probe, dup_off FROM stile.push(ARRAY[$1::bigint], ARRAY[3::bigint], ARRAY[3600], ARRAY[1], \
-                    ARRAY[$2::bytea], $3::uuid[], $4::text[], $5::json[], NULL)",
-            &[
-                &p.id,
-                &retry.hashes,
-                &retry.message_ids,
-                &retry.transaction_ids,
-                &retry.payloads.iter().map(|payload| Json(payload.raw())).collect::<Vec<_>>(),
-            ],
-        )
-        .await
-        .unwrap();
-    let (probe, offsets): (String, Vec<i64>) = (rows[0].get(0), rows[0].get(1));
+    let row = push_in_sql(&c, &segment(p.id, &["c"], 3, 3600), None).await;
+    let (probe, offsets): (String, Vec<i64>) = (row.get(0), row.get(2));
     assert_eq!((probe.as_str(), offsets), ("full", vec![2]));
 }
 
