@@ -15,7 +15,10 @@
 //! read `mono_ms` proves that the database's clock is at least
 //! `db_ms + (t - mono_ms)` at monotonic time `t`, for as long as the
 //! database's clock runs forward: the reading was taken before it was
-//! received. The best bound is the reading with the highest `db_ms - mono_ms`.
+//! received. The bound follows the latest reading (a better one at once, a
+//! worse one too: it is a lower bound all the same, and so the two machines'
+//! clock rates cannot drift apart between readings), and `now` is held
+//! monotone over it.
 //!
 //! The database's own clock can step. Forwards, the bound merely lags until
 //! the next reading. Backwards, rows carry `created_ms` values ahead of the
@@ -24,26 +27,26 @@
 //! judged by its newest hash, so rows from the future simply stay longer),
 //! and the push function refuses a vouch whenever its clock is behind the
 //! `now - slack` the cache planned under, so nothing unsound can follow from
-//! it. The first reading more than `tolerance_ms` below the bound reveals the
-//! step: [`DbClock::observe`] answers [`Reading::SteppedBack`], the bound
-//! restarts from that reading, and the host replaces its caches, which were
-//! given a `now` that the database's clock will not reach for a while (the
-//! cache requires `now` monotone, and would otherwise have every vouch
-//! refused until then).
+//! it. The first reading more than `tolerance_ms` below the `now` already
+//! given reveals the step: [`DbClock::observe`] answers
+//! [`Reading::SteppedBack`], `now` restarts from that reading, and the host
+//! replaces its caches, which were given a `now` that the database's clock
+//! will not reach for a while (the cache requires `now` monotone, and would
+//! otherwise have every vouch refused until then).
 
 use crate::api::Millis;
 
 /// A lower bound of the database's clock, held monotone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DbClock {
-    /// `db_ms - mono_ms` of the best reading.
+    /// `db_ms - mono_ms` of the latest reading, or of a better one since.
     offset_ms: Millis,
     /// The latest `now` answered: `now` never goes back between resets.
     held_ms: Millis,
-    /// How far below the bound a reading may fall before it counts as a step
-    /// back. Readings fall below it by their latency; the push function
-    /// honours vouches up to the cache's skew slack ahead of its clock, so
-    /// this is the skew slack.
+    /// How far below the `now` already answered a reading may fall before
+    /// it counts as a step back. The push function honours vouches made up
+    /// to the cache's skew slack ahead of its clock, so this is the skew
+    /// slack.
     tolerance_ms: Millis,
 }
 
@@ -51,11 +54,11 @@ pub struct DbClock {
 #[must_use = "a step back requires replacing the caches this clock fed"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reading {
-    /// The bound still holds (it rose if the reading was better).
+    /// `now` stays within the tolerance of the database's clock.
     Consistent,
-    /// The database's clock was `by_ms` behind the bound: it stepped back.
-    /// The bound restarted from this reading, and `now` with it: replace
-    /// every cache that was given a `now` by this clock.
+    /// The database's clock was `by_ms` behind the `now` already given: it
+    /// stepped back. `now` restarted from this reading: replace every cache
+    /// that was given a `now` by this clock.
     SteppedBack { by_ms: Millis },
 }
 
@@ -68,16 +71,11 @@ impl DbClock {
 
     /// Takes a further reading into account.
     pub fn observe(&mut self, db_ms: Millis, mono_ms: Millis) -> Reading {
-        let offset_ms = db_ms.saturating_sub(mono_ms);
-        if offset_ms >= self.offset_ms {
-            self.offset_ms = offset_ms;
-            return Reading::Consistent;
-        }
-        let by_ms = self.offset_ms - offset_ms;
+        self.offset_ms = db_ms.saturating_sub(mono_ms);
+        let by_ms = self.held_ms.saturating_sub(db_ms);
         if by_ms <= self.tolerance_ms {
             return Reading::Consistent;
         }
-        self.offset_ms = offset_ms;
         self.held_ms = db_ms;
         Reading::SteppedBack { by_ms }
     }
@@ -103,13 +101,15 @@ mod tests {
     const DB: Millis = 1_700_000_000_000;
 
     #[test]
-    fn the_bound_follows_the_monotonic_clock_from_the_best_reading() {
+    fn the_bound_follows_the_monotonic_clock_from_the_latest_reading() {
         let mut clock = DbClock::new(DB, 1_000, 5_000);
         assert_eq!(clock.now(1_000), DB);
         assert_eq!(clock.now(4_000), DB + 3_000);
-        // A reading delayed in transit is worse than the bound: ignored.
+        // A reading delayed in transit is a lower bound too: followed, with
+        // `now` held.
         assert_eq!(clock.observe(DB + 3_500, 4_600), Reading::Consistent);
-        assert_eq!(clock.now(5_000), DB + 4_000);
+        assert_eq!(clock.now(4_600), DB + 3_500);
+        assert_eq!(clock.now(5_000), DB + 3_900);
         // A better one (the database's clock stepped forward) raises it.
         assert_eq!(clock.observe(DB + 60_000, 5_000), Reading::Consistent);
         assert_eq!(clock.now(5_000), DB + 60_000);
@@ -131,9 +131,20 @@ mod tests {
         assert_eq!(clock.observe(DB - 50_000, 10_000), Reading::SteppedBack { by_ms: 60_000 });
         assert_eq!(clock.now(10_000), DB - 50_000, "now restarts with the caches it feeds");
         assert_eq!(clock.now(11_000), DB - 49_000);
-        // Steps smaller than the tolerance add up against the bound.
+        // Steps smaller than the tolerance add up against the `now` given.
         assert_eq!(clock.observe(DB - 52_000, 11_000), Reading::Consistent);
         assert_eq!(clock.observe(DB - 55_000, 11_000), Reading::SteppedBack { by_ms: 6_000 });
+    }
+
+    #[test]
+    fn a_monotonic_clock_faster_than_the_database_clock_never_gets_ahead_by_more_than_between_readings() {
+        // The host's monotonic clock runs 1 % fast; a reading every 10 s.
+        let mut clock = DbClock::new(DB, 0, 5_000);
+        for step in 1..=10_000 {
+            let mono = step * 10_100;
+            assert!(clock.now(mono) <= DB + step * 10_000 + 100, "{step}");
+            assert_eq!(clock.observe(DB + step * 10_000, mono), Reading::Consistent, "{step}");
+        }
     }
 
     #[test]

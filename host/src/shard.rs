@@ -86,8 +86,8 @@ pub struct ShardConfig {
     pub hydrate: bool,
     /// The cache's clock-skew slack: hydrations read this much further back
     /// than the window, a bundle's vouches hold from its `now` less this on,
-    /// and readings may fall this far below the clock's bound before they
-    /// count as a step back.
+    /// and readings of PostgreSQL's clock may fall this far below the `now`
+    /// already given before they count as a step back.
     pub skew_slack_ms: u32,
 }
 
