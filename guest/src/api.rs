@@ -112,6 +112,11 @@ pub enum HydrateError {
     Malformed,
     /// The window is 0.
     WindowOff,
+    /// The host's instance of the component failed during the call and was
+    /// replaced by an empty one: nothing was installed. The cache itself
+    /// never answers this (the WIT's `hydrate-error` has no such case); a
+    /// host that wraps the component does.
+    Lost,
 }
 
 /// Counters and gauges of one shard.

@@ -6,6 +6,7 @@ use alloc::vec::Vec;
 use core::cell::RefCell;
 
 use crate::api;
+use crate::cache::DedupCache as _;
 use crate::shard::Shard as CoreShard;
 
 wit_bindgen::generate!({
@@ -78,6 +79,7 @@ impl wit::GuestShard for ShardResource {
         self.0.borrow_mut().hydrate(now_ms, &hydration).map_err(|e| match e {
             api::HydrateError::Malformed => wit::HydrateError::Malformed,
             api::HydrateError::WindowOff => wit::HydrateError::WindowOff,
+            api::HydrateError::Lost => unreachable!("only a host answers Lost"),
         })
     }
 
@@ -90,7 +92,7 @@ impl wit::GuestShard for ShardResource {
     }
 
     fn stats(&self) -> wit::Stats {
-        let s = self.0.borrow().stats();
+        let s = self.0.borrow_mut().stats();
         wit::Stats {
             entries: s.entries,
             vouching: s.vouching,

@@ -23,6 +23,7 @@ extern crate std;
 mod api;
 mod bloom;
 mod budget;
+mod cache;
 mod clock;
 mod entry;
 mod fetch;
@@ -34,13 +35,14 @@ mod shard;
 mod component;
 
 /// A reference model of PostgreSQL and a property driver that runs against any
-/// implementation of [`testing::Cache`]: this crate's [`Shard`] natively, and
+/// implementation of [`DedupCache`]: this crate's [`Shard`] natively, and
 /// the component as loaded by a host.
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use api::*;
 pub use budget::{COOLDOWN_MS, FIT_PERCENT, RECENT_USE_MS};
+pub use cache::DedupCache;
 pub use clock::{DbClock, Reading};
 pub use hash::{HASH_LEN, Hash};
 pub use shard::Shard;

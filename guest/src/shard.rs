@@ -13,6 +13,7 @@ use alloc::vec::Vec;
 
 use crate::api::*;
 use crate::budget::{Budget, Gate};
+use crate::cache::DedupCache;
 use crate::entry::{Condition, Entry, Workspace};
 
 /// One shard's cache.
@@ -57,16 +58,24 @@ impl Shard {
         self.config
     }
 
+    /// Whether the partition has an entry (in any state). A read only: it
+    /// neither marks the partition used nor expires anything.
+    pub fn is_resident(&self, partition: PartitionId) -> bool {
+        self.entries.contains_key(&partition)
+    }
+}
+
+impl DedupCache for Shard {
     /// Plans one flush: a `p_verified` per segment, in order. Planning
     /// expires each touched entry first and marks it used.
-    pub fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
+    fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
         self.observe(now_ms);
         segments.iter().map(|segment| self.plan_segment(now_ms, segment)).collect()
     }
 
     /// Records committed segments in allocation order. Commits to partitions
     /// without an entry are ignored: entries are born only by hydration.
-    pub fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
+    fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
         self.observe(now_ms);
         for commit in commits {
             let Some(entry) = self.entries.get_mut(&commit.partition) else {
@@ -81,7 +90,7 @@ impl Shard {
     }
 
     /// The admission gate before a hydration.
-    pub fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
+    fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
         self.observe(now_ms);
         if window_ms == 0 {
             // Nothing would be held; `hydrate` answers `WindowOff`.
@@ -129,7 +138,7 @@ impl Shard {
 
     /// Installs a full-window read as the partition's entry, replacing any
     /// old one. A refused hydration leaves the old entry as it was.
-    pub fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
+    fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
         self.observe(now_ms);
         let partition = hydration.partition;
         if hydration.window_ms == 0 {
@@ -151,7 +160,7 @@ impl Shard {
     }
 
     /// Expires every entry and ends finished cooldowns.
-    pub fn expire(&mut self, now_ms: Millis) {
+    fn expire(&mut self, now_ms: Millis) {
         self.observe(now_ms);
         for (&partition, entry) in &mut self.entries {
             let expired = entry.expire(now_ms, self.config.skew_slack_ms);
@@ -165,22 +174,16 @@ impl Shard {
     }
 
     /// Forgets a partition entirely: entry, footprint hint and cooldown.
-    pub fn forget(&mut self, partition: PartitionId) {
+    fn forget(&mut self, partition: PartitionId) {
         self.drop_entry(partition);
         self.budget.clear_memory(partition);
         self.check();
     }
 
-    /// Whether the partition has an entry (in any state). A read only: it
-    /// neither marks the partition used nor expires anything.
-    pub fn is_resident(&self, partition: PartitionId) -> bool {
-        self.entries.contains_key(&partition)
-    }
-
     /// `segments_vouched` counts the segments answered with the entry's
     /// `verified_upto`, which for an empty partition is -1 (PostgreSQL then
     /// has nothing to probe either).
-    pub fn stats(&self) -> Stats {
+    fn stats(&mut self) -> Stats {
         let counters = self.counters;
         let entries = self.entries.values();
         Stats {
@@ -200,7 +203,9 @@ impl Shard {
             expired_generations: counters.expired_generations,
         }
     }
+}
 
+impl Shard {
     fn plan_segment(&mut self, now_ms: Millis, segment: &Segment<'_>) -> Plan {
         self.counters.segments_planned += 1;
         let partition = segment.partition;

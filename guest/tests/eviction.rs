@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use stile_guest::{Admission, Commit, Hydration, Millis, PartitionId, RECENT_USE_MS, Segment, Shard, ShardConfig, TxnsRow};
+use stile_guest::{
+    Admission, Commit, DedupCache, Hydration, Millis, PartitionId, RECENT_USE_MS, Segment, Shard, ShardConfig, TxnsRow,
+};
 
 const WINDOW_MS: u64 = 60_000;
 const PARTITIONS: PartitionId = 24;

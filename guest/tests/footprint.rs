@@ -6,7 +6,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use stile_guest::{Admission, Commit, Hydration, Segment, Shard, ShardConfig};
+use stile_guest::{Admission, Commit, DedupCache, Hydration, Segment, Shard, ShardConfig};
 
 /// The system allocator, counting the bytes live in it.
 struct Counting;

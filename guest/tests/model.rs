@@ -47,7 +47,7 @@ struct Tallied {
     tally: Rc<RefCell<Tally>>,
 }
 
-impl testing::Cache for Tallied {
+impl DedupCache for Tallied {
     fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
         let plans = self.shard.plan(now_ms, segments);
         let mut tally = self.tally.borrow_mut();

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt as _};
 use stile_guest::{
-    Admission, Commit, DbClock, EntryState, Hydration, Millis, Offset, Plan, Reading, Segment as CacheSegment, TxnsRow,
+    Admission, Commit, DbClock, EntryState, HydrateError, Hydration, Millis, Offset, Plan, Reading, Segment as CacheSegment,
+    TxnsRow,
 };
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
@@ -35,7 +36,6 @@ use crate::cache::ShardCache;
 use crate::db::{ClockFloor, Db, DbError, HydrationRows, MessageOutcome, SegmentOutcome, SegmentPush};
 use crate::fusion::{Message, PartitionQueue, Segment, Slot};
 use crate::metrics::Metrics;
-use crate::wasm::Installed;
 
 /// The final result of one message of a push.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -547,9 +547,9 @@ impl Worker {
         let started = Instant::now();
         let now = self.now();
         let outcome = match self.cache.hydrate(now, &hydration) {
-            Ok(Installed::Yes) => "installed",
-            Ok(Installed::LostWithTheInstance) => "lost",
-            Err(_) => "refused",
+            Ok(()) => "installed",
+            Err(HydrateError::Lost) => "lost",
+            Err(HydrateError::Malformed | HydrateError::WindowOff) => "refused",
         };
         self.metrics.guest_call(started.elapsed());
         self.metrics.hydration(outcome);

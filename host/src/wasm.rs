@@ -33,14 +33,6 @@ const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// a second) and short enough that a runaway guest cannot stall a shard.
 const CALL_DEADLINE_TICKS: u64 = 200;
 
-/// What became of a well-formed hydration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Installed {
-    Yes,
-    /// The guest call failed; the instance was retired and rebuilt empty.
-    LostWithTheInstance,
-}
-
 /// The compiled component, shared by every shard.
 #[derive(Clone)]
 pub struct WasmEngine {
@@ -147,88 +139,6 @@ impl WasmShard {
         self.rebuilds
     }
 
-    pub fn plan(&mut self, now_ms: core::Millis, segments: &[core::Segment<'_>]) -> Vec<core::Plan> {
-        let segments: Vec<wit::Segment> = segments
-            .iter()
-            .map(|s| wit::Segment { partition: s.partition, window_ms: s.window_ms, hashes: s.hashes.to_vec() })
-            .collect();
-        let cold = || {
-            segments
-                .iter()
-                .map(|_| core::Plan { p_verified: core::NO_VOUCH, local_hits: Vec::new(), state: core::EntryState::Cold })
-                .collect()
-        };
-        match self.call(|guest, store, shard| guest.call_plan(store, shard, now_ms, &segments)) {
-            Some(plans) => plans.into_iter().map(plan_from_wit).collect(),
-            None => cold(),
-        }
-    }
-
-    pub fn record_commits(&mut self, now_ms: core::Millis, commits: &[core::Commit<'_>]) {
-        let commits: Vec<wit::Commit> = commits
-            .iter()
-            .map(|c| wit::Commit {
-                partition: c.partition,
-                base_offset: c.base_offset,
-                created_ms: c.created_ms,
-                hashes: c.hashes.to_vec(),
-            })
-            .collect();
-        self.call(|guest, store, shard| guest.call_record_commits(store, shard, now_ms, &commits));
-    }
-
-    pub fn admit(
-        &mut self,
-        now_ms: core::Millis,
-        partition: core::PartitionId,
-        window_ms: u64,
-        estimate: u64,
-    ) -> core::Admission {
-        let admission = self.call(|guest, store, shard| guest.call_admit(store, shard, now_ms, partition, window_ms, estimate));
-        match admission {
-            Some(wit::Admission::Hydrate) => core::Admission::Hydrate,
-            Some(wit::Admission::Suppressed) | None => core::Admission::Suppressed,
-        }
-    }
-
-    pub fn hydrate(&mut self, now_ms: core::Millis, hydration: &core::Hydration<'_>) -> Result<Installed, core::HydrateError> {
-        let hydration = wit::Hydration {
-            partition: hydration.partition,
-            window_ms: hydration.window_ms,
-            last_offset: hydration.last_offset,
-            rows: hydration
-                .rows
-                .iter()
-                .map(|r| wit::TxnsRow {
-                    base_offset: r.base_offset,
-                    end_offset: r.end_offset,
-                    created_ms: r.created_ms,
-                    hashes: r.hashes.to_vec(),
-                })
-                .collect(),
-        };
-        match self.call(|guest, store, shard| guest.call_hydrate(store, shard, now_ms, &hydration)) {
-            Some(Ok(())) => Ok(Installed::Yes),
-            Some(Err(wit::HydrateError::WindowOff)) => Err(core::HydrateError::WindowOff),
-            Some(Err(wit::HydrateError::Malformed)) => Err(core::HydrateError::Malformed),
-            // The instance failed and was replaced by an empty one: the rows
-            // were well formed, and simply not kept.
-            None => Ok(Installed::LostWithTheInstance),
-        }
-    }
-
-    pub fn expire(&mut self, now_ms: core::Millis) {
-        self.call(|guest, store, shard| guest.call_expire(store, shard, now_ms));
-    }
-
-    pub fn forget(&mut self, partition: core::PartitionId) {
-        self.call(|guest, store, shard| guest.call_forget(store, shard, partition));
-    }
-
-    pub fn stats(&mut self) -> core::Stats {
-        self.call(|guest, store, shard| guest.call_stats(store, shard)).map(stats_from_wit).unwrap_or_default()
-    }
-
     /// Runs one guest call under the deadline. On failure the instance is
     /// retired and rebuilt, and the call answers `None`; without an
     /// instance, it answers `None` at once.
@@ -295,6 +205,93 @@ impl WasmShard {
                 self.backoff = (self.backoff * 2).min(REBUILD_BACKOFF_MAX);
             }
         }
+    }
+}
+
+/// The contract, through the component: each call converts the core's
+/// types to the WIT's and back, and a failed call answers as an empty cache.
+impl core::DedupCache for WasmShard {
+    fn plan(&mut self, now_ms: core::Millis, segments: &[core::Segment<'_>]) -> Vec<core::Plan> {
+        let segments: Vec<wit::Segment> = segments
+            .iter()
+            .map(|s| wit::Segment { partition: s.partition, window_ms: s.window_ms, hashes: s.hashes.to_vec() })
+            .collect();
+        let cold = || {
+            segments
+                .iter()
+                .map(|_| core::Plan { p_verified: core::NO_VOUCH, local_hits: Vec::new(), state: core::EntryState::Cold })
+                .collect()
+        };
+        match self.call(|guest, store, shard| guest.call_plan(store, shard, now_ms, &segments)) {
+            Some(plans) => plans.into_iter().map(plan_from_wit).collect(),
+            None => cold(),
+        }
+    }
+
+    fn record_commits(&mut self, now_ms: core::Millis, commits: &[core::Commit<'_>]) {
+        let commits: Vec<wit::Commit> = commits
+            .iter()
+            .map(|c| wit::Commit {
+                partition: c.partition,
+                base_offset: c.base_offset,
+                created_ms: c.created_ms,
+                hashes: c.hashes.to_vec(),
+            })
+            .collect();
+        self.call(|guest, store, shard| guest.call_record_commits(store, shard, now_ms, &commits));
+    }
+
+    fn admit(
+        &mut self,
+        now_ms: core::Millis,
+        partition: core::PartitionId,
+        window_ms: u64,
+        estimate_hashes: u64,
+    ) -> core::Admission {
+        let admission =
+            self.call(|guest, store, shard| guest.call_admit(store, shard, now_ms, partition, window_ms, estimate_hashes));
+        match admission {
+            Some(wit::Admission::Hydrate) => core::Admission::Hydrate,
+            Some(wit::Admission::Suppressed) | None => core::Admission::Suppressed,
+        }
+    }
+
+    fn hydrate(&mut self, now_ms: core::Millis, hydration: &core::Hydration<'_>) -> Result<(), core::HydrateError> {
+        let hydration = wit::Hydration {
+            partition: hydration.partition,
+            window_ms: hydration.window_ms,
+            last_offset: hydration.last_offset,
+            rows: hydration
+                .rows
+                .iter()
+                .map(|r| wit::TxnsRow {
+                    base_offset: r.base_offset,
+                    end_offset: r.end_offset,
+                    created_ms: r.created_ms,
+                    hashes: r.hashes.to_vec(),
+                })
+                .collect(),
+        };
+        match self.call(|guest, store, shard| guest.call_hydrate(store, shard, now_ms, &hydration)) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(wit::HydrateError::WindowOff)) => Err(core::HydrateError::WindowOff),
+            Some(Err(wit::HydrateError::Malformed)) => Err(core::HydrateError::Malformed),
+            // The instance failed and was replaced by an empty one: the rows
+            // were well formed, and simply not kept.
+            None => Err(core::HydrateError::Lost),
+        }
+    }
+
+    fn expire(&mut self, now_ms: core::Millis) {
+        self.call(|guest, store, shard| guest.call_expire(store, shard, now_ms));
+    }
+
+    fn forget(&mut self, partition: core::PartitionId) {
+        self.call(|guest, store, shard| guest.call_forget(store, shard, partition));
+    }
+
+    fn stats(&mut self) -> core::Stats {
+        self.call(|guest, store, shard| guest.call_stats(store, shard)).map(stats_from_wit).unwrap_or_default()
     }
 }
 

@@ -38,10 +38,9 @@ use std::fmt::{self, Write as _};
 use std::path::PathBuf;
 
 use serde_json::Value;
-use stile_guest::testing::Cache;
 use stile_guest::{
-    Admission, Commit, EntryState, HASH_LEN, HydrateError, Hydration, Millis, Offset, PartitionId, Plan, Segment, Shard,
-    ShardConfig, Stats, TxnsRow,
+    Admission, Commit, DedupCache, EntryState, HASH_LEN, HydrateError, Hydration, Millis, Offset, PartitionId, Plan, Segment,
+    Shard, ShardConfig, Stats, TxnsRow,
 };
 
 /// The command that rewrites the checked-in trace.
@@ -192,7 +191,7 @@ impl std::error::Error for Divergence {}
 
 /// Replays every call of `trace` on `cache` (constructed with
 /// `trace.config`) and answers how many calls ran, or the first divergence.
-pub fn replay(trace: &Trace, cache: &mut impl Cache) -> Result<usize, Divergence> {
+pub fn replay(trace: &Trace, cache: &mut impl DedupCache) -> Result<usize, Divergence> {
     for (index, step) in trace.calls.iter().enumerate() {
         let diverged = |expected: String, actual: String| Divergence {
             index,
@@ -696,6 +695,7 @@ fn hydrate_error_name(error: HydrateError) -> &'static str {
     match error {
         HydrateError::Malformed => "malformed",
         HydrateError::WindowOff => "window-off",
+        HydrateError::Lost => "lost",
     }
 }
 

@@ -11,10 +11,10 @@ use std::collections::hash_map::Entry;
 use std::sync::atomic::Ordering;
 
 use stile::component::COMPONENT;
-use stile::wasm::{Installed, WasmEngine, WasmShard};
+use stile::wasm::{WasmEngine, WasmShard};
 use stile_guest::{
-    Admission, Commit, EntryState, HASH_LEN, HydrateError, Hydration, Millis, NO_VOUCH, Offset, Plan, Segment, ShardConfig,
-    Stats, TxnsRow,
+    Admission, Commit, DedupCache, EntryState, HASH_LEN, HydrateError, Hydration, Millis, NO_VOUCH, Offset, Plan, Segment,
+    ShardConfig, Stats, TxnsRow,
 };
 
 const CONFIG: ShardConfig = ShardConfig { budget_bytes: 1 << 30, skew_slack_ms: 5_000 };
@@ -41,7 +41,7 @@ fn cold() -> Plan {
 }
 
 /// Hydrates the partition with ids `0..=last_offset`, one per offset.
-fn hydrate(shard: &mut WasmShard, now_ms: Millis, last_offset: Offset) -> Result<Installed, HydrateError> {
+fn hydrate(shard: &mut WasmShard, now_ms: Millis, last_offset: Offset) -> Result<(), HydrateError> {
     let bytes = hashes(0..=last_offset as u64);
     let rows = [TxnsRow { base_offset: 0, end_offset: last_offset, created_ms: now_ms, hashes: &bytes }];
     shard.hydrate(now_ms, &Hydration { partition: PARTITION, window_ms: WINDOW_MS, last_offset, rows: &rows })
@@ -54,7 +54,7 @@ fn hydrate(shard: &mut WasmShard, now_ms: Millis, last_offset: Offset) -> Result
 fn a_shard_whose_instance_cannot_be_rebuilt_answers_as_an_empty_cache_until_it_can() {
     let engine = WasmEngine::new(COMPONENT).expect("compile the component");
     let mut shard = WasmShard::new(&engine, CONFIG).expect("instantiate");
-    assert_eq!(hydrate(&mut shard, T0, 9), Ok(Installed::Yes));
+    assert_eq!(hydrate(&mut shard, T0, 9), Ok(()));
     engine.faults().refuse_instances.store(true, Ordering::Relaxed);
     engine.faults().trap_per_million.store(1_000_000, Ordering::Relaxed);
     assert_eq!(plan(&mut shard, T0 + 1, &hashes([100])), cold(), "the trap retires the instance");
@@ -63,7 +63,7 @@ fn a_shard_whose_instance_cannot_be_rebuilt_answers_as_an_empty_cache_until_it_c
     for i in 0..100 {
         assert_eq!(plan(&mut shard, T0 + 2 + i, &hashes([100, 3])), cold());
         assert_eq!(shard.admit(T0 + 2 + i, PARTITION, WINDOW_MS, 10), Admission::Suppressed);
-        assert_eq!(hydrate(&mut shard, T0 + 2 + i, 9), Ok(Installed::LostWithTheInstance));
+        assert_eq!(hydrate(&mut shard, T0 + 2 + i, 9), Err(HydrateError::Lost));
         assert_eq!(shard.stats(), Stats::default());
     }
     engine.faults().refuse_instances.store(false, Ordering::Relaxed);
@@ -73,7 +73,7 @@ fn a_shard_whose_instance_cannot_be_rebuilt_answers_as_an_empty_cache_until_it_c
         std::thread::yield_now();
         shard.stats();
     }
-    assert_eq!(hydrate(&mut shard, T0 + 200, 9), Ok(Installed::Yes));
+    assert_eq!(hydrate(&mut shard, T0 + 200, 9), Ok(()));
     assert_eq!(
         plan(&mut shard, T0 + 201, &hashes([100, 101])),
         Plan { p_verified: 9, local_hits: vec![], state: EntryState::Vouching }
@@ -88,7 +88,7 @@ fn every_call_traps_then_the_rebuilt_instance_vouches_again() {
     // Healthy: hydrated with ids 0..=9, it vouches for fresh ids and hits
     // stored ones.
     assert_eq!(shard.admit(T0, PARTITION, WINDOW_MS, 10), Admission::Hydrate);
-    assert_eq!(hydrate(&mut shard, T0, 9), Ok(Installed::Yes));
+    assert_eq!(hydrate(&mut shard, T0, 9), Ok(()));
     assert_eq!(
         plan(&mut shard, T0 + 1, &hashes([100, 101])),
         Plan { p_verified: 9, local_hits: vec![], state: EntryState::Vouching }
@@ -119,7 +119,7 @@ fn every_call_traps_then_the_rebuilt_instance_vouches_again() {
     expect_one_more_rebuild(&shard, "a two-segment plan");
     assert_eq!(shard.admit(T0 + 21, PARTITION, WINDOW_MS, 10), Admission::Suppressed, "a failed gate admits nothing");
     expect_one_more_rebuild(&shard, "admit");
-    assert_eq!(hydrate(&mut shard, T0 + 22, 9), Ok(Installed::LostWithTheInstance), "a failed hydration installs nothing");
+    assert_eq!(hydrate(&mut shard, T0 + 22, 9), Err(HydrateError::Lost), "a failed hydration installs nothing");
     expect_one_more_rebuild(&shard, "hydrate");
     let bytes = hashes([10]);
     shard.record_commits(T0 + 23, &[Commit { partition: PARTITION, base_offset: 10, created_ms: T0 + 23, hashes: &bytes }]);
@@ -138,7 +138,7 @@ fn every_call_traps_then_the_rebuilt_instance_vouches_again() {
     assert_eq!(plan(&mut shard, T0 + 30, &hashes([100])), cold());
     assert_eq!(shard.stats().entries, 0);
     assert_eq!(shard.admit(T0 + 31, PARTITION, WINDOW_MS, 11), Admission::Hydrate);
-    assert_eq!(hydrate(&mut shard, T0 + 32, 10), Ok(Installed::Yes));
+    assert_eq!(hydrate(&mut shard, T0 + 32, 10), Ok(()));
     assert_eq!(
         plan(&mut shard, T0 + 33, &hashes([100, 101])),
         Plan { p_verified: 10, local_hits: vec![], state: EntryState::Vouching }
@@ -212,7 +212,7 @@ fn random_traps_never_make_a_plan_unsound() {
                     })
                     .collect();
                 let hydration = Hydration { partition: PARTITION, window_ms: WINDOW_MS, last_offset, rows: &txns };
-                hydrations += u32::from(shard.hydrate(now, &hydration) == Ok(Installed::Yes));
+                hydrations += u32::from(shard.hydrate(now, &hydration).is_ok());
             }
         } else {
             refused += 1;

@@ -8,8 +8,10 @@ use std::rc::Rc;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use stile_guest::testing::{self, Cache, Scenario, floors, window};
-use stile_guest::{Admission, Commit, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, ShardConfig, Stats};
+use stile_guest::testing::{self, Scenario, floors, window};
+use stile_guest::{
+    Admission, Commit, DedupCache, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, ShardConfig, Stats,
+};
 use stile_tests::component::HealthyShard;
 
 /// `cases` cases, with failures saved beside this file.
@@ -69,7 +71,7 @@ struct Recording<C> {
     log: Rc<RefCell<Vec<Call>>>,
 }
 
-impl<C: Cache> Cache for Recording<C> {
+impl<C: DedupCache> DedupCache for Recording<C> {
     fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
         let plans = self.inner.plan(now_ms, segments);
         self.log.borrow_mut().push(Call::Plan { now_ms, plans: plans.clone() });
@@ -112,7 +114,10 @@ impl<C: Cache> Cache for Recording<C> {
 
 /// Runs `scenario` through `make`'s cache and answers the driver's verdict
 /// and the log of every call.
-fn record<C: Cache>(scenario: &Scenario, mut make: impl FnMut(ShardConfig) -> C) -> (Result<(), testing::Violation>, Vec<Call>) {
+fn record<C: DedupCache>(
+    scenario: &Scenario,
+    mut make: impl FnMut(ShardConfig) -> C,
+) -> (Result<(), testing::Violation>, Vec<Call>) {
     let log = Rc::new(RefCell::new(Vec::new()));
     let verdict = testing::run(scenario, |config| Recording { inner: make(config), log: Rc::clone(&log) });
     let calls = log.take();
@@ -147,7 +152,7 @@ proptest! {
 
 /// Runs `check` against a fresh native shard and a fresh component, each
 /// recorded, and compares the two logs.
-fn compare_on(check: impl Fn(&mut dyn Cache)) {
+fn compare_on(check: impl Fn(&mut dyn DedupCache)) {
     let log_native = Rc::new(RefCell::new(Vec::new()));
     let log_component = Rc::new(RefCell::new(Vec::new()));
     check(&mut Recording { inner: Shard::new(window::CONFIG), log: Rc::clone(&log_native) });
@@ -169,10 +174,10 @@ fn the_component_matches_the_native_core_on_the_window_workloads() {
     });
 }
 
-/// A sized handle on a `dyn Cache`, for the generic checks.
-struct Dyn<'a>(&'a mut dyn Cache);
+/// A sized handle on a `dyn DedupCache`, for the generic checks.
+struct Dyn<'a>(&'a mut dyn DedupCache);
 
-impl Cache for Dyn<'_> {
+impl DedupCache for Dyn<'_> {
     fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
         self.0.plan(now_ms, segments)
     }

@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use stile::component::COMPONENT;
-use stile_guest::testing::Cache;
-use stile_guest::{Admission, Commit, EntryState, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, Stats};
+use stile_guest::{
+    Admission, Commit, DedupCache, EntryState, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, Stats,
+};
 use stile_tests::component::HealthyShard;
 use stile_tests::trace::{self, Trace};
 use wasmtime::component::{Component, Linker, ResourceAny};
@@ -118,7 +119,7 @@ impl Plain {
     }
 }
 
-impl Cache for Plain {
+impl DedupCache for Plain {
     fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
         let segments: Vec<wit::Segment> = segments
             .iter()

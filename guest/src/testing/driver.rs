@@ -23,9 +23,9 @@ use std::string::String;
 use std::vec;
 use std::vec::Vec;
 
-use super::Cache;
 use super::model::{Database, Read, Row};
 use super::strategy::{Estimate, MalformedInput, Op, PARTITIONS, PushSegment, Scenario};
+use crate::DedupCache;
 use crate::api::*;
 use crate::clock::{DbClock, Reading};
 use crate::hash::{Hash, encode};
@@ -49,7 +49,7 @@ impl std::error::Error for Violation {}
 /// Runs a scenario against caches made by `make` from the scenario's
 /// configuration: one at the start, and a fresh one whenever the host
 /// replaces its cache (after PostgreSQL's clock stepped back).
-pub fn run<C: Cache>(scenario: &Scenario, make: impl FnMut(ShardConfig) -> C) -> Result<(), Violation> {
+pub fn run<C: DedupCache>(scenario: &Scenario, make: impl FnMut(ShardConfig) -> C) -> Result<(), Violation> {
     let clock = DbClock::new(START_MS, 0, scenario.config.skew_slack_ms);
     run_as(scenario, make, Host { clock: Box::new(clock), push_guard: true })
 }
@@ -81,7 +81,7 @@ impl HostClock for DbClock {
     }
 }
 
-fn run_as<C: Cache, M: FnMut(ShardConfig) -> C>(scenario: &Scenario, make: M, host: Host) -> Result<(), Violation> {
+fn run_as<C: DedupCache, M: FnMut(ShardConfig) -> C>(scenario: &Scenario, make: M, host: Host) -> Result<(), Violation> {
     let mut driver = Driver::new(scenario, make, host);
     driver.check_stats().map_err(|message| Violation { step: 0, message })?;
     for (step, op) in scenario.ops.iter().enumerate() {
@@ -164,7 +164,7 @@ const START_MS: Millis = 1_700_000_000_000;
 /// Fresh ids live above every id of a hash space.
 const FRESH_BASE: u64 = 1 << 62;
 
-impl<'s, C: Cache, M: FnMut(ShardConfig) -> C> Driver<'s, C, M> {
+impl<'s, C: DedupCache, M: FnMut(ShardConfig) -> C> Driver<'s, C, M> {
     fn new(scenario: &'s Scenario, mut make: M, host: Host) -> Self {
         let mut database = Database::default();
         for (&partition, &window_ms) in PARTITIONS.iter().zip(&scenario.windows_ms) {
@@ -672,7 +672,7 @@ mod tests {
     /// must catch it.
     struct Reckless(Shard);
 
-    impl Cache for Reckless {
+    impl DedupCache for Reckless {
         fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
             let mut plans = self.0.plan(now_ms, segments);
             for plan in &mut plans {
@@ -706,7 +706,7 @@ mod tests {
     /// A cache that never vouches: sound, and caught by the liveness checks.
     struct Timid(Shard);
 
-    impl Cache for Timid {
+    impl DedupCache for Timid {
         fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
             let mut plans = self.0.plan(now_ms, segments);
             plans.iter_mut().for_each(|plan| plan.p_verified = NO_VOUCH);
@@ -837,7 +837,7 @@ mod tests {
     #[test]
     fn a_cache_that_miscounts_is_caught() {
         struct Forgetful(Shard);
-        impl Cache for Forgetful {
+        impl DedupCache for Forgetful {
             fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
                 self.0.plan(now_ms, segments)
             }

@@ -9,13 +9,13 @@
 //! within one arrival step (at most 128 offsets) of every hash, whichever
 //! place its block sorts it to.
 //!
-//! Takes any [`Cache`] made with [`super::window::CONFIG`] and panics on
+//! Takes any [`DedupCache`] made with [`super::window::CONFIG`] and panics on
 //! failure.
 
 use std::vec::Vec;
 
-use super::Cache;
 use super::window::hash_of;
+use crate::DedupCache;
 use crate::api::*;
 use crate::hash::{Hash, encode};
 
@@ -34,7 +34,7 @@ const COMMIT: usize = 100;
 
 /// Runs `commits` commits and their retries; answers the furthest any retry
 /// was floored below its original's base offset.
-pub fn retries_floor_within_an_arrival_step<C: Cache>(cache: &mut C, commits: usize) -> Offset {
+pub fn retries_floor_within_an_arrival_step<C: DedupCache>(cache: &mut C, commits: usize) -> Offset {
     let now_ms = 1_000_000;
     let mut next_id = 0u64;
     let mut fresh = |count: usize| -> Vec<u8> {
@@ -72,7 +72,7 @@ pub fn retries_floor_within_an_arrival_step<C: Cache>(cache: &mut C, commits: us
     furthest
 }
 
-fn plan_one<C: Cache>(cache: &mut C, now_ms: Millis, hashes: &[u8]) -> [Plan; 1] {
+fn plan_one<C: DedupCache>(cache: &mut C, now_ms: Millis, hashes: &[u8]) -> [Plan; 1] {
     let plans = cache.plan(now_ms, &[Segment { partition: PARTITION, window_ms: WINDOW_MS, hashes }]);
     plans.try_into().expect("one plan per segment")
 }

@@ -9,11 +9,11 @@
 //! so a hash is remembered for at least the window plus the slack (the safe
 //! side) and at most that plus the span of its generation.
 //!
-//! Both take any [`Cache`] made with [`CONFIG`] and panic on failure.
+//! Both take any [`DedupCache`] made with [`CONFIG`] and panic on failure.
 
 use std::vec::Vec;
 
-use super::Cache;
+use crate::DedupCache;
 use crate::api::*;
 use crate::hash::{Hash, encode};
 use crate::ring::capacity_for;
@@ -27,7 +27,7 @@ const PARTITION: PartitionId = 1;
 /// The seed's `window_semantics`: duplicates inside the window are local
 /// hits, reordered duplicates too, and once the window plus the slack has
 /// passed a hash is new again.
-pub fn window_semantics<C: Cache>(cache: &mut C) {
+pub fn window_semantics<C: DedupCache>(cache: &mut C) {
     let mut events = Events::start(cache, 0);
     assert!(events.first_seen(7, 0));
     assert!(!events.first_seen(7, 30_000), "a duplicate inside the window");
@@ -57,7 +57,7 @@ pub struct MemoryReport {
 /// The seed's `memory_bounded_by_rate_times_window`: 1,000 distinct events a
 /// second for 600 s, all accepted, while the hashes held never exceed the rate
 /// times (window + slack + one second of arrivals) plus one generation.
-pub fn memory_bounded_by_rate_times_window<C: Cache>(cache: &mut C) -> MemoryReport {
+pub fn memory_bounded_by_rate_times_window<C: DedupCache>(cache: &mut C) -> MemoryReport {
     const RATE: u64 = 1_000;
     const SECONDS: u64 = 600;
     let horizon_ms = WINDOW_MS + u64::from(CONFIG.skew_slack_ms) + 1_000;
@@ -86,7 +86,7 @@ struct Events<'c, C> {
     last_offset: Offset,
 }
 
-impl<'c, C: Cache> Events<'c, C> {
+impl<'c, C: DedupCache> Events<'c, C> {
     /// Hydrates the partition empty, as the gateway would on first contact.
     fn start(cache: &'c mut C, now_ms: Millis) -> Self {
         assert_eq!(cache.admit(now_ms, PARTITION, WINDOW_MS, 0), Admission::Hydrate);

@@ -40,9 +40,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use stile_guest::testing::Cache;
 use stile_guest::{
-    Admission, Commit, EntryState, HASH_LEN, Hydration, Millis, NO_VOUCH, Offset, PartitionId, Segment, Shard, ShardConfig, Stats,
+    Admission, Commit, DedupCache, EntryState, HASH_LEN, Hydration, Millis, NO_VOUCH, Offset, PartitionId, Segment, Shard,
+    ShardConfig, Stats,
 };
 use stile_tests::component::{self, HealthyShard};
 
@@ -298,7 +298,7 @@ fn run_baseline(events: u64, wide: bool) -> Run {
     run
 }
 
-fn run_cache(cache: &mut impl Cache, events: u64, flush: usize) -> Run {
+fn run_cache(cache: &mut impl DedupCache, events: u64, flush: usize) -> Run {
     let window_ms = WINDOW_SECS * 1_000;
     assert_eq!(cache.admit(T0_MS, PARTITION, window_ms, 0), Admission::Hydrate);
     let empty = Hydration { partition: PARTITION, window_ms, last_offset: NO_VOUCH, rows: &[] };
