@@ -23,9 +23,11 @@
 
 mod driver;
 pub mod floors;
+mod forwarding;
 mod model;
 mod strategy;
 pub mod window;
 
 pub use driver::{Violation, run};
+pub use forwarding::Forwarding;
 pub use strategy::{Estimate, MalformedInput, Op, PARTITIONS, PushSegment, Scenario, scenario};

@@ -47,7 +47,11 @@ struct Tallied {
     tally: Rc<RefCell<Tally>>,
 }
 
-impl DedupCache for Tallied {
+impl testing::Forwarding for Tallied {
+    fn inner(&mut self) -> &mut dyn DedupCache {
+        &mut self.shard
+    }
+
     fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
         let plans = self.shard.plan(now_ms, segments);
         let mut tally = self.tally.borrow_mut();
@@ -65,15 +69,6 @@ impl DedupCache for Tallied {
         let admission = self.shard.admit(now_ms, partition, window_ms, estimate_hashes);
         self.tally.borrow_mut().suppressed_admissions += u64::from(admission == Admission::Suppressed);
         admission
-    }
-    fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-        self.shard.hydrate(now_ms, hydration)
-    }
-    fn expire(&mut self, now_ms: Millis) {
-        self.shard.expire(now_ms);
-    }
-    fn forget(&mut self, partition: PartitionId) {
-        self.shard.forget(partition);
     }
     fn stats(&mut self) -> Stats {
         let stats = self.shard.stats();

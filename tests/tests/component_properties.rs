@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use stile_guest::testing::{self, Scenario, floors, window};
+use stile_guest::testing::{self, Forwarding, Scenario, floors, window};
 use stile_guest::{
     Admission, Commit, DedupCache, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, ShardConfig, Stats,
 };
@@ -177,32 +177,8 @@ fn the_component_matches_the_native_core_on_the_window_workloads() {
 /// A sized handle on a `dyn DedupCache`, for the generic checks.
 struct Dyn<'a>(&'a mut dyn DedupCache);
 
-impl DedupCache for Dyn<'_> {
-    fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
-        self.0.plan(now_ms, segments)
-    }
-
-    fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
-        self.0.record_commits(now_ms, commits);
-    }
-
-    fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
-        self.0.admit(now_ms, partition, window_ms, estimate_hashes)
-    }
-
-    fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-        self.0.hydrate(now_ms, hydration)
-    }
-
-    fn expire(&mut self, now_ms: Millis) {
-        self.0.expire(now_ms);
-    }
-
-    fn forget(&mut self, partition: PartitionId) {
-        self.0.forget(partition);
-    }
-
-    fn stats(&mut self) -> Stats {
-        self.0.stats()
+impl Forwarding for Dyn<'_> {
+    fn inner(&mut self) -> &mut dyn DedupCache {
+        &mut *self.0
     }
 }

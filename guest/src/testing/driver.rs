@@ -647,6 +647,7 @@ fn shuffle_rows(rows: &mut [Row], seed: u64) {
 mod tests {
     use super::*;
     use crate::Shard;
+    use crate::testing::Forwarding;
     use crate::testing::strategy::Estimate;
 
     fn scenario(ops: Vec<Op>) -> Scenario {
@@ -672,7 +673,11 @@ mod tests {
     /// must catch it.
     struct Reckless(Shard);
 
-    impl DedupCache for Reckless {
+    impl Forwarding for Reckless {
+        fn inner(&mut self) -> &mut dyn DedupCache {
+            &mut self.0
+        }
+
         fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
             let mut plans = self.0.plan(now_ms, segments);
             for plan in &mut plans {
@@ -683,52 +688,20 @@ mod tests {
             }
             plans
         }
-        fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
-            self.0.record_commits(now_ms, commits);
-        }
-        fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate: u64) -> Admission {
-            self.0.admit(now_ms, partition, window_ms, estimate)
-        }
-        fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-            self.0.hydrate(now_ms, hydration)
-        }
-        fn expire(&mut self, now_ms: Millis) {
-            self.0.expire(now_ms);
-        }
-        fn forget(&mut self, partition: PartitionId) {
-            self.0.forget(partition);
-        }
-        fn stats(&mut self) -> Stats {
-            self.0.stats()
-        }
     }
 
     /// A cache that never vouches: sound, and caught by the liveness checks.
     struct Timid(Shard);
 
-    impl DedupCache for Timid {
+    impl Forwarding for Timid {
+        fn inner(&mut self) -> &mut dyn DedupCache {
+            &mut self.0
+        }
+
         fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
             let mut plans = self.0.plan(now_ms, segments);
             plans.iter_mut().for_each(|plan| plan.p_verified = NO_VOUCH);
             plans
-        }
-        fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
-            self.0.record_commits(now_ms, commits);
-        }
-        fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate: u64) -> Admission {
-            self.0.admit(now_ms, partition, window_ms, estimate)
-        }
-        fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-            self.0.hydrate(now_ms, hydration)
-        }
-        fn expire(&mut self, now_ms: Millis) {
-            self.0.expire(now_ms);
-        }
-        fn forget(&mut self, partition: PartitionId) {
-            self.0.forget(partition);
-        }
-        fn stats(&mut self) -> Stats {
-            self.0.stats()
         }
     }
 
@@ -837,26 +810,12 @@ mod tests {
     #[test]
     fn a_cache_that_miscounts_is_caught() {
         struct Forgetful(Shard);
-        impl DedupCache for Forgetful {
-            fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
-                self.0.plan(now_ms, segments)
+        impl Forwarding for Forgetful {
+            fn inner(&mut self) -> &mut dyn DedupCache {
+                &mut self.0
             }
+
             fn record_commits(&mut self, _: Millis, _: &[Commit<'_>]) {}
-            fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate: u64) -> Admission {
-                self.0.admit(now_ms, partition, window_ms, estimate)
-            }
-            fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-                self.0.hydrate(now_ms, hydration)
-            }
-            fn expire(&mut self, now_ms: Millis) {
-                self.0.expire(now_ms);
-            }
-            fn forget(&mut self, partition: PartitionId) {
-                self.0.forget(partition);
-            }
-            fn stats(&mut self) -> Stats {
-                self.0.stats()
-            }
         }
         // Dropping commits on the floor leaves the entry vouching for an old
         // watermark: sound, but not what the contract promises.
