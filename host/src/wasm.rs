@@ -23,7 +23,10 @@ wasmtime::component::bindgen!({
     world: "dedup",
 });
 
-use exports::stile::dedup::cache as wit;
+pub mod convert;
+
+/// The WIT's types, as `bindgen!` generates them for a host.
+pub use exports::stile::dedup::cache as wit;
 
 /// How often the epoch advances.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -212,32 +215,18 @@ impl WasmShard {
 /// types to the WIT's and back, and a failed call answers as an empty cache.
 impl core::DedupCache for WasmShard {
     fn plan(&mut self, now_ms: core::Millis, segments: &[core::Segment<'_>]) -> Vec<core::Plan> {
-        let segments: Vec<wit::Segment> = segments
-            .iter()
-            .map(|s| wit::Segment { partition: s.partition, window_ms: s.window_ms, hashes: s.hashes.to_vec() })
-            .collect();
-        let cold = || {
-            segments
-                .iter()
-                .map(|_| core::Plan { p_verified: core::NO_VOUCH, local_hits: Vec::new(), state: core::EntryState::Cold })
-                .collect()
-        };
+        let count = segments.len();
+        let segments = convert::segments(segments);
         match self.call(|guest, store, shard| guest.call_plan(store, shard, now_ms, &segments)) {
-            Some(plans) => plans.into_iter().map(plan_from_wit).collect(),
-            None => cold(),
+            Some(plans) => plans.into_iter().map(convert::plan).collect(),
+            None => (0..count)
+                .map(|_| core::Plan { p_verified: core::NO_VOUCH, local_hits: Vec::new(), state: core::EntryState::Cold })
+                .collect(),
         }
     }
 
     fn record_commits(&mut self, now_ms: core::Millis, commits: &[core::Commit<'_>]) {
-        let commits: Vec<wit::Commit> = commits
-            .iter()
-            .map(|c| wit::Commit {
-                partition: c.partition,
-                base_offset: c.base_offset,
-                created_ms: c.created_ms,
-                hashes: c.hashes.to_vec(),
-            })
-            .collect();
+        let commits = convert::commits(commits);
         self.call(|guest, store, shard| guest.call_record_commits(store, shard, now_ms, &commits));
     }
 
@@ -248,34 +237,14 @@ impl core::DedupCache for WasmShard {
         window_ms: u64,
         estimate_hashes: u64,
     ) -> core::Admission {
-        let admission =
-            self.call(|guest, store, shard| guest.call_admit(store, shard, now_ms, partition, window_ms, estimate_hashes));
-        match admission {
-            Some(wit::Admission::Hydrate) => core::Admission::Hydrate,
-            Some(wit::Admission::Suppressed) | None => core::Admission::Suppressed,
-        }
+        self.call(|guest, store, shard| guest.call_admit(store, shard, now_ms, partition, window_ms, estimate_hashes))
+            .map_or(core::Admission::Suppressed, convert::admission)
     }
 
     fn hydrate(&mut self, now_ms: core::Millis, hydration: &core::Hydration<'_>) -> Result<(), core::HydrateError> {
-        let hydration = wit::Hydration {
-            partition: hydration.partition,
-            window_ms: hydration.window_ms,
-            last_offset: hydration.last_offset,
-            rows: hydration
-                .rows
-                .iter()
-                .map(|r| wit::TxnsRow {
-                    base_offset: r.base_offset,
-                    end_offset: r.end_offset,
-                    created_ms: r.created_ms,
-                    hashes: r.hashes.to_vec(),
-                })
-                .collect(),
-        };
+        let hydration = convert::hydration(hydration);
         match self.call(|guest, store, shard| guest.call_hydrate(store, shard, now_ms, &hydration)) {
-            Some(Ok(())) => Ok(()),
-            Some(Err(wit::HydrateError::WindowOff)) => Err(core::HydrateError::WindowOff),
-            Some(Err(wit::HydrateError::Malformed)) => Err(core::HydrateError::Malformed),
+            Some(result) => result.map_err(convert::hydrate_error),
             // The instance failed and was replaced by an empty one: the rows
             // were well formed, and simply not kept.
             None => Err(core::HydrateError::Lost),
@@ -291,7 +260,7 @@ impl core::DedupCache for WasmShard {
     }
 
     fn stats(&mut self) -> core::Stats {
-        self.call(|guest, store, shard| guest.call_stats(store, shard)).map(stats_from_wit).unwrap_or_default()
+        self.call(|guest, store, shard| guest.call_stats(store, shard)).map(convert::stats).unwrap_or_default()
     }
 }
 
@@ -305,8 +274,7 @@ impl Live {
         store.limiter(|state| &mut state.limits);
         store.set_epoch_deadline(CALL_DEADLINE_TICKS);
         let bindings = engine.pre.instantiate(&mut store)?;
-        let wit_config = wit::ShardConfig { budget_bytes: config.budget_bytes, skew_slack_ms: config.skew_slack_ms };
-        let shard = bindings.stile_dedup_cache().shard().call_constructor(&mut store, wit_config)?;
+        let shard = bindings.stile_dedup_cache().shard().call_constructor(&mut store, convert::config(config))?;
         Ok(Live { store, bindings, shard })
     }
 }
@@ -318,36 +286,6 @@ impl Live {
 fn memory_limit(budget_bytes: u64) -> usize {
     let limit = budget_bytes.saturating_mul(2).saturating_add(256 << 20);
     usize::try_from(limit.min(u64::from(u32::MAX))).unwrap_or(usize::MAX)
-}
-
-fn plan_from_wit(plan: wit::Plan) -> core::Plan {
-    let state = match plan.state {
-        wit::EntryState::Vouching => core::EntryState::Vouching,
-        wit::EntryState::Cold => core::EntryState::Cold,
-        wit::EntryState::Gap => core::EntryState::Gap,
-        wit::EntryState::Rebuild => core::EntryState::Rebuild,
-        wit::EntryState::Suppressed => core::EntryState::Suppressed,
-    };
-    core::Plan { p_verified: plan.p_verified, local_hits: plan.local_hits, state }
-}
-
-fn stats_from_wit(s: wit::Stats) -> core::Stats {
-    core::Stats {
-        entries: s.entries,
-        vouching: s.vouching,
-        bytes: s.bytes,
-        hashes: s.hashes,
-        generations: s.generations,
-        suppressed: s.suppressed,
-        segments_planned: s.segments_planned,
-        segments_vouched: s.segments_vouched,
-        hashes_checked: s.hashes_checked,
-        bloom_maybes: s.bloom_maybes,
-        local_hits: s.local_hits,
-        hydrations: s.hydrations,
-        evictions: s.evictions,
-        expired_generations: s.expired_generations,
-    }
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.

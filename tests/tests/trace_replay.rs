@@ -9,20 +9,12 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use stile::component::COMPONENT;
-use stile_guest::{
-    Admission, Commit, DedupCache, EntryState, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, Stats,
-};
+use stile::wasm::{Dedup, convert};
+use stile_guest::{Admission, Commit, DedupCache, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, Stats};
 use stile_tests::component::HealthyShard;
 use stile_tests::trace::{self, Trace};
 use wasmtime::component::{Component, Linker, ResourceAny};
 use wasmtime::{Engine, Store};
-
-wasmtime::component::bindgen!({
-    path: "../wit",
-    world: "dedup",
-});
-
-use exports::stile::dedup::cache as wit;
 
 /// The checked-in trace, read once.
 fn checked_in() -> &'static (String, Trace) {
@@ -98,8 +90,9 @@ fn the_native_core_replays_the_trace() {
 }
 
 /// The component in a plain wasmtime embedding, as any Rust host would load
-/// it: no epoch deadline, no memory limit, no rebuild on a trap. A trap fails
-/// the test.
+/// it: no epoch deadline, no memory limit, no rebuild on a trap (the types
+/// and conversions are the gateway's, `stile::wasm::{Dedup, wit, convert}`;
+/// `tests/examples/embed.rs` runs `bindgen!` itself). A trap fails the test.
 struct Plain {
     store: Store<()>,
     bindings: Dedup,
@@ -113,46 +106,25 @@ impl Plain {
         let linker = Linker::new(&engine);
         let mut store = Store::new(&engine, ());
         let bindings = Dedup::instantiate(&mut store, &component, &linker).expect("instantiate: the component imports nothing");
-        let config = wit::ShardConfig { budget_bytes: config.budget_bytes, skew_slack_ms: config.skew_slack_ms };
-        let shard = bindings.stile_dedup_cache().shard().call_constructor(&mut store, config).expect("construct a shard");
+        let shard = bindings
+            .stile_dedup_cache()
+            .shard()
+            .call_constructor(&mut store, convert::config(config))
+            .expect("construct a shard");
         Plain { store, bindings, shard }
     }
 }
 
 impl DedupCache for Plain {
     fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
-        let segments: Vec<wit::Segment> = segments
-            .iter()
-            .map(|s| wit::Segment { partition: s.partition, window_ms: s.window_ms, hashes: s.hashes.to_vec() })
-            .collect();
+        let segments = convert::segments(segments);
         let plans =
             self.bindings.stile_dedup_cache().shard().call_plan(&mut self.store, self.shard, now_ms, &segments).expect("plan");
-        plans
-            .into_iter()
-            .map(|plan| Plan {
-                p_verified: plan.p_verified,
-                local_hits: plan.local_hits,
-                state: match plan.state {
-                    wit::EntryState::Vouching => EntryState::Vouching,
-                    wit::EntryState::Cold => EntryState::Cold,
-                    wit::EntryState::Gap => EntryState::Gap,
-                    wit::EntryState::Rebuild => EntryState::Rebuild,
-                    wit::EntryState::Suppressed => EntryState::Suppressed,
-                },
-            })
-            .collect()
+        plans.into_iter().map(convert::plan).collect()
     }
 
     fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
-        let commits: Vec<wit::Commit> = commits
-            .iter()
-            .map(|c| wit::Commit {
-                partition: c.partition,
-                base_offset: c.base_offset,
-                created_ms: c.created_ms,
-                hashes: c.hashes.to_vec(),
-            })
-            .collect();
+        let commits = convert::commits(commits);
         self.bindings
             .stile_dedup_cache()
             .shard()
@@ -161,43 +133,24 @@ impl DedupCache for Plain {
     }
 
     fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
-        match self
+        let admission = self
             .bindings
             .stile_dedup_cache()
             .shard()
             .call_admit(&mut self.store, self.shard, now_ms, partition, window_ms, estimate_hashes)
-            .expect("admit")
-        {
-            wit::Admission::Hydrate => Admission::Hydrate,
-            wit::Admission::Suppressed => Admission::Suppressed,
-        }
+            .expect("admit");
+        convert::admission(admission)
     }
 
     fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-        let hydration = wit::Hydration {
-            partition: hydration.partition,
-            window_ms: hydration.window_ms,
-            last_offset: hydration.last_offset,
-            rows: hydration
-                .rows
-                .iter()
-                .map(|r| wit::TxnsRow {
-                    base_offset: r.base_offset,
-                    end_offset: r.end_offset,
-                    created_ms: r.created_ms,
-                    hashes: r.hashes.to_vec(),
-                })
-                .collect(),
-        };
-        self.bindings
+        let hydration = convert::hydration(hydration);
+        let result = self
+            .bindings
             .stile_dedup_cache()
             .shard()
             .call_hydrate(&mut self.store, self.shard, now_ms, &hydration)
-            .expect("hydrate")
-            .map_err(|error| match error {
-                wit::HydrateError::Malformed => HydrateError::Malformed,
-                wit::HydrateError::WindowOff => HydrateError::WindowOff,
-            })
+            .expect("hydrate");
+        result.map_err(convert::hydrate_error)
     }
 
     fn expire(&mut self, now_ms: Millis) {
@@ -209,23 +162,7 @@ impl DedupCache for Plain {
     }
 
     fn stats(&mut self) -> Stats {
-        let s = self.bindings.stile_dedup_cache().shard().call_stats(&mut self.store, self.shard).expect("stats");
-        Stats {
-            entries: s.entries,
-            vouching: s.vouching,
-            bytes: s.bytes,
-            hashes: s.hashes,
-            generations: s.generations,
-            suppressed: s.suppressed,
-            segments_planned: s.segments_planned,
-            segments_vouched: s.segments_vouched,
-            hashes_checked: s.hashes_checked,
-            bloom_maybes: s.bloom_maybes,
-            local_hits: s.local_hits,
-            hydrations: s.hydrations,
-            evictions: s.evictions,
-            expired_generations: s.expired_generations,
-        }
+        convert::stats(self.bindings.stile_dedup_cache().shard().call_stats(&mut self.store, self.shard).expect("stats"))
     }
 }
 
