@@ -44,20 +44,20 @@ pub struct PartitionQueue {
 
 /// Slots taken out of the queue to be pushed as one segment.
 #[derive(Debug)]
-pub struct Segment {
+pub struct CoalescedSegment {
     pub slots: Vec<Slot>,
     /// The slots' hashes, 16 bytes each, in slot order.
     pub hashes: Vec<u8>,
 }
 
-impl Segment {
+impl CoalescedSegment {
     /// Cuts the segment around the slots `indexes` names, when they form one
     /// contiguous run that is not the whole segment: into the slots before
     /// the run, the run, and the slots after it (those that are not empty),
     /// in slot order. Otherwise gives the segment back whole. (The indexes
     /// come from the cache, which is trusted with nothing: their order does
     /// not matter, and indexes past the end are ignored.)
-    pub fn cut_around(self, indexes: &[u32]) -> Result<Vec<Segment>, Segment> {
+    pub fn cut_around(self, indexes: &[u32]) -> Result<Vec<CoalescedSegment>, CoalescedSegment> {
         let mut named = vec![false; self.slots.len()];
         for &i in indexes {
             if let Some(named) = usize::try_from(i).ok().and_then(|i| named.get_mut(i)) {
@@ -69,14 +69,14 @@ impl Segment {
         if named[end..].contains(&true) || (start == 0 && end == named.len()) {
             return Err(self);
         }
-        let Segment { mut slots, hashes } = self;
+        let CoalescedSegment { mut slots, hashes } = self;
         let after: Vec<Slot> = slots.split_off(end);
         let run: Vec<Slot> = slots.split_off(start);
         let pieces = [(slots, &hashes[..16 * start]), (run, &hashes[16 * start..16 * end]), (after, &hashes[16 * end..])];
         Ok(pieces
             .into_iter()
             .filter(|(slots, _)| !slots.is_empty())
-            .map(|(slots, hashes)| Segment { slots, hashes: hashes.to_vec() })
+            .map(|(slots, hashes)| CoalescedSegment { slots, hashes: hashes.to_vec() })
             .collect())
     }
 }
@@ -99,7 +99,7 @@ impl PartitionQueue {
     }
 
     /// Takes up to `max` slots, oldest first, as one segment.
-    pub fn take_segment(&mut self, max: usize) -> Segment {
+    pub fn take_segment(&mut self, max: usize) -> CoalescedSegment {
         assert!(max > 0);
         let take = self.slots.len().min(max);
         let slots: Vec<Slot> = if take == self.slots.len() {
@@ -117,7 +117,7 @@ impl PartitionQueue {
         for slot in &slots {
             hashes.extend_from_slice(&slot.message.hash);
         }
-        Segment { slots, hashes }
+        CoalescedSegment { slots, hashes }
     }
 
     fn push_slot(&mut self, slot: Slot) {
@@ -166,13 +166,13 @@ mod tests {
         assert_eq!(&segment.hashes[16..32], &crate::hash::txn_hash("b"));
     }
 
-    fn segment_of(n: u32) -> Segment {
+    fn segment_of(n: u32) -> CoalescedSegment {
         let mut queue = PartitionQueue::default();
         queue.add(1, (0..n).map(|i| (i, message(&format!("m{i}")))));
         queue.take_segment(n as usize)
     }
 
-    fn names(pieces: &[Segment]) -> Vec<Vec<&str>> {
+    fn names(pieces: &[CoalescedSegment]) -> Vec<Vec<&str>> {
         pieces.iter().map(|p| p.slots.iter().map(|s| s.message.transaction_id.as_str()).collect()).collect()
     }
 

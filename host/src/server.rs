@@ -17,7 +17,7 @@ use crate::db::Db;
 use crate::gateway::Gateway;
 use crate::http::{App, HttpConfig};
 use crate::metrics::Metrics;
-use crate::shard::{self, DbReading, ShardConfig};
+use crate::shard::{self, DbReading, WorkerConfig};
 use crate::wasm::WasmEngine;
 
 /// Everything `stile serve` is told.
@@ -71,7 +71,7 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
         // A budget of 0 disables the cache: the guest's recent-use guard
         // would otherwise keep every busy partition's entry past it.
         let shard_config =
-            ShardConfig { hydrate: config.cache_mb > 0, skew_slack_ms: cache_config.skew_slack_ms, ..ShardConfig::default() };
+            WorkerConfig { hydrate: config.cache_mb > 0, skew_slack_ms: cache_config.skew_slack_ms, ..WorkerConfig::default() };
         let (handle, worker) = shard::spawn(id, cache, db.clone(), metrics.clone(), shard_config, first);
         handles.push(handle);
         workers.push(worker);

@@ -34,7 +34,7 @@ use uuid::Uuid;
 
 use crate::cache::ShardCache;
 use crate::db::{ClockFloor, Db, DbError, HydrationRows, MessageOutcome, SegmentOutcome, SegmentPush};
-use crate::fusion::{Message, PartitionQueue, Segment, Slot};
+use crate::fusion::{CoalescedSegment, Message, PartitionQueue, Slot};
 use crate::metrics::Metrics;
 
 /// The final result of one message of a push.
@@ -73,7 +73,7 @@ pub struct PartitionPush {
 
 /// Tunables of a shard worker.
 #[derive(Clone, Copy, Debug)]
-pub struct ShardConfig {
+pub struct WorkerConfig {
     /// Most messages in one segment.
     pub max_segment: usize,
     /// Most bundles (and hydrations) one shard keeps in flight.
@@ -91,9 +91,9 @@ pub struct ShardConfig {
     pub skew_slack_ms: u32,
 }
 
-impl Default for ShardConfig {
-    fn default() -> ShardConfig {
-        ShardConfig {
+impl Default for WorkerConfig {
+    fn default() -> WorkerConfig {
+        WorkerConfig {
             max_segment: 4096,
             max_in_flight: 4,
             housekeeping: Duration::from_secs(1),
@@ -150,7 +150,7 @@ pub fn spawn(
     cache: ShardCache,
     db: Db,
     metrics: Arc<Metrics>,
-    config: ShardConfig,
+    config: WorkerConfig,
     first: DbReading,
 ) -> (ShardHandle, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(1024);
@@ -176,7 +176,7 @@ struct Worker {
     cache: ShardCache,
     db: Db,
     metrics: Arc<Metrics>,
-    config: ShardConfig,
+    config: WorkerConfig,
     partitions: HashMap<i64, PartitionState>,
     requests: HashMap<u64, RequestState>,
     next_request: u64,
@@ -232,7 +232,22 @@ struct InFlight {
     window_seconds: i32,
     state: EntryState,
     p_verified: Offset,
-    segment: Segment,
+    segment: CoalescedSegment,
+}
+
+/// A segment PostgreSQL stored, as the cache is told of it.
+struct Committed {
+    partition_id: i64,
+    base_offset: i64,
+    created_ms: Millis,
+    /// The stored messages' hashes, in offset order.
+    hashes: Vec<u8>,
+}
+
+/// A partition whose cache entry must be (re)built, and under which window.
+struct WantsHydration {
+    partition_id: i64,
+    window_seconds: i32,
 }
 
 /// A bundle's answer, or a hydration's rows, with the instant they arrived.
@@ -439,8 +454,8 @@ impl Worker {
     fn committed(&mut self, segments: Vec<InFlight>, clock_floor: ClockFloor, outcomes: Vec<SegmentOutcome>) {
         assert_eq!(segments.len(), outcomes.len(), "the push function answers every segment");
         let now = self.now();
-        let mut commits: Vec<(i64, i64, Millis, Vec<u8>)> = Vec::new();
-        let mut wants_hydration: Vec<(i64, i32)> = Vec::new();
+        let mut commits: Vec<Committed> = Vec::new();
+        let mut wants_hydration: Vec<WantsHydration> = Vec::new();
         for (in_flight, outcome) in segments.into_iter().zip(outcomes) {
             let InFlight { partition_id, window_seconds: planned, state, p_verified, segment } = in_flight;
             self.metrics.segment(outcome.probe);
@@ -453,11 +468,11 @@ impl Worker {
             // The window in force wins over the memoised one; the next plan
             // carries it, and the cache rebuilds under it.
             partition.observe_window(window_seconds, Instant::now());
-            let Segment { slots, hashes } = segment;
+            let CoalescedSegment { slots, hashes } = segment;
             let per_message = outcome.per_message(slots.len());
             if let Some(stored) = outcome.stored {
                 let hashes = if outcome.duplicates.is_empty() { hashes } else { stored_hashes(&slots, &per_message) };
-                commits.push((partition_id, stored.base_offset, stored.created_ms, hashes));
+                commits.push(Committed { partition_id, base_offset: stored.base_offset, created_ms: stored.created_ms, hashes });
             }
             for (slot, message) in slots.into_iter().zip(per_message) {
                 let outcome = match message {
@@ -468,26 +483,26 @@ impl Worker {
             }
             let needs_rebuild = matches!(state, EntryState::Cold | EntryState::Gap | EntryState::Rebuild);
             if window_seconds > 0 && (needs_rebuild || window_seconds != planned) {
-                wants_hydration.push((partition_id, window_seconds));
+                wants_hydration.push(WantsHydration { partition_id, window_seconds });
             }
         }
         self.record(now, &commits);
-        for (partition_id, window_seconds) in wants_hydration {
+        for WantsHydration { partition_id, window_seconds } in wants_hydration {
             self.maybe_hydrate(now, partition_id, window_seconds);
         }
     }
 
-    fn record(&mut self, now: Millis, commits: &[(i64, i64, Millis, Vec<u8>)]) {
+    fn record(&mut self, now: Millis, commits: &[Committed]) {
         if commits.is_empty() {
             return;
         }
         let commits: Vec<Commit<'_>> = commits
             .iter()
-            .map(|(partition, base_offset, created_ms, hashes)| Commit {
-                partition: *partition,
-                base_offset: *base_offset,
-                created_ms: *created_ms,
-                hashes,
+            .map(|c| Commit {
+                partition: c.partition_id,
+                base_offset: c.base_offset,
+                created_ms: c.created_ms,
+                hashes: &c.hashes,
             })
             .collect();
         let started = Instant::now();

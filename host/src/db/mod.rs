@@ -235,7 +235,7 @@ pub struct StoredMessage {
 
 /// One txns row, as hydration returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TxnsRow {
+pub struct HydrationRow {
     /// Offset of its first hash.
     pub base_offset: i64,
     /// Offset of its last hash (inclusive).
@@ -255,7 +255,7 @@ pub struct HydrationRows {
     /// The purge watermark at the snapshot.
     pub txns_start: i64,
     /// The rows, by ascending `base_offset`.
-    pub rows: Vec<TxnsRow>,
+    pub rows: Vec<HydrationRow>,
     /// PostgreSQL's clock that the window's cutoff was taken from, in ms
     /// since the epoch, rounded down: a reading to bound that clock by.
     pub clock_ms: i64,
@@ -583,7 +583,7 @@ impl Db {
             let Some(base_offset) = row.try_get::<_, Option<i64>>(2)? else {
                 continue;
             };
-            out.rows.push(TxnsRow {
+            out.rows.push(HydrationRow {
                 base_offset,
                 end_offset: row.try_get(3)?,
                 created_ms: row.try_get(4)?,
