@@ -235,6 +235,14 @@ struct InFlight {
     segment: CoalescedSegment,
 }
 
+/// A bundle as planned: its segments, what is sent for each, and the clock
+/// floor its vouches hold from.
+struct PlannedBundle {
+    segments: Vec<InFlight>,
+    pushes: Vec<SegmentPush>,
+    clock_floor: ClockFloor,
+}
+
 /// A segment PostgreSQL stored, as the cache is told of it.
 struct Committed {
     partition_id: i64,
@@ -340,7 +348,7 @@ impl Worker {
         // Ascending partition order keeps bundles deterministic; the push
         // function takes its locks in that order anyway.
         segments.sort_by_key(|s| s.partition_id);
-        let (segments, pushes, clock_floor) = self.plan(segments);
+        let PlannedBundle { segments, pushes, clock_floor } = self.plan(segments);
         let db = self.db.clone();
         self.in_flight.push(Box::pin(async move {
             let started = Instant::now();
@@ -360,10 +368,10 @@ impl Worker {
     /// no verdict, and the pieces keep the messages' order. Scattered hits
     /// leave the segment whole (one probe, not many small segments).
     ///
-    /// Answers the segments and their pushes with the bundle's clock floor:
-    /// the cache judged age by `now`, so its vouches hold only once
-    /// PostgreSQL's clock is past `now` less the slack.
-    fn plan(&mut self, segments: Vec<InFlight>) -> (Vec<InFlight>, Vec<SegmentPush>, ClockFloor) {
+    /// The bundle carries its clock floor: the cache judged age by `now`, so
+    /// its vouches hold only once PostgreSQL's clock is past `now` less the
+    /// slack.
+    fn plan(&mut self, segments: Vec<InFlight>) -> PlannedBundle {
         let now = self.now();
         let first = self.ask(now, &segments);
         let mut planned: Vec<(InFlight, Option<Plan>)> = Vec::with_capacity(segments.len());
@@ -406,7 +414,7 @@ impl Worker {
             segments.push(in_flight);
         }
         let clock_floor = ClockFloor(now.saturating_sub(Millis::from(self.config.skew_slack_ms)));
-        (segments, pushes, clock_floor)
+        PlannedBundle { segments, pushes, clock_floor }
     }
 
     /// One plan call: the cache's answer for each segment, in order. A local
