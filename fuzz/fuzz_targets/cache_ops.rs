@@ -1,10 +1,11 @@
 //! The cache core against the no-false-vouch invariant.
 //!
 //! The input bytes are decoded into a `stile_guest::testing::Scenario` (a
-//! shard configuration, a PostgreSQL clock skew within the slack, a hash
+//! shard configuration, the host's wall clock against PostgreSQL's, a hash
 //! space, windows, and up to 80 operations: pushes of up to three segments,
 //! foreign commits, replays, stale and fresh rebuilds through the admission
-//! gate, window changes, expiry, forgets, torn inputs), which the property
+//! gate, window changes, expiry, forgets, torn inputs, steps of either
+//! clock), which the property
 //! driver runs through a native `Shard` next to its model of PostgreSQL. Any
 //! violation — above all a `p_verified` at or above an offset that holds one
 //! of the segment's hashes inside the window — is a crash.
@@ -31,7 +32,8 @@ fn decode(u: &mut Unstructured<'_>) -> Result<Scenario> {
     };
     let skew_slack_ms = *u.choose(&[0u32, 1_000, 5_000])?;
     let config = ShardConfig { budget_bytes, skew_slack_ms };
-    let permille = u.int_in_range(-1_000i64..=1_000)?;
+    let wall_skew_ms =
+        if u.ratio(2u8, 3)? { u.int_in_range(-1_000i64..=1_000)? } else { u.int_in_range(-10_000_000i64..=10_000_000)? };
     let hash_space = *u.choose(&[8u64, 64, 4_096, 1 << 40])?;
     let mix_hashes = u.ratio(4u8, 5)?;
     let mut windows_ms = [0u64; PARTITIONS.len()];
@@ -45,7 +47,7 @@ fn decode(u: &mut Unstructured<'_>) -> Result<Scenario> {
     if ops.is_empty() {
         return Err(arbitrary::Error::NotEnoughData);
     }
-    Ok(Scenario { pg_skew_ms: permille * i64::from(skew_slack_ms) / 1_000, config, hash_space, mix_hashes, windows_ms, ops })
+    Ok(Scenario { wall_skew_ms, config, hash_space, mix_hashes, windows_ms, ops })
 }
 
 fn window_ms(u: &mut Unstructured<'_>) -> Result<u64> {
@@ -58,7 +60,7 @@ fn partition(u: &mut Unstructured<'_>) -> Result<usize> {
 
 fn op(u: &mut Unstructured<'_>) -> Result<Op> {
     // Weights as in the proptest strategy: pushes, ticks and rebuilds most.
-    Ok(match u.int_in_range(0..=23u8)? {
+    Ok(match u.int_in_range(0..=25u8)? {
         0..=3 => Op::Tick {
             ms: match u.int_in_range(0..=5u8)? {
                 0..=2 => u.int_in_range(0..=1_999)?,
@@ -86,17 +88,25 @@ fn op(u: &mut Unstructured<'_>) -> Result<Op> {
             partition: partition(u)?,
             stale: u.ratio(3u8, 10)?,
             estimate: *u.choose(&[Estimate::Zero, Estimate::Model, Estimate::Huge])?,
-            read_slack_ms: *u.choose(&[0u32, 5_000, 20_000])?,
+            extra_slack_ms: *u.choose(&[0u32, 5_000, 20_000])?,
             shuffle: u.arbitrary()?,
         },
         19 => Op::SetWindow { partition: partition(u)?, window_ms: window_ms(u)? },
         20 => Op::Expire,
         21 => Op::Forget { partition: partition(u)? },
+        22 => Op::StepDatabaseClock { ms: clock_step(u)? },
+        23 => Op::StepWallClock { ms: clock_step(u)? },
         _ => Op::Malformed {
             partition: partition(u)?,
             input: *u.choose(&[MalformedInput::Segment, MalformedInput::Commit, MalformedInput::Hydration])?,
         },
     })
+}
+
+/// Steps within the skew slack, past it, and past the longest window, either
+/// way.
+fn clock_step(u: &mut Unstructured<'_>) -> Result<i64> {
+    if u.arbitrary()? { u.int_in_range(-6_000i64..=6_000) } else { u.int_in_range(-200_000i64..=200_000) }
 }
 
 fn push_segment(u: &mut Unstructured<'_>) -> Result<PushSegment> {
