@@ -1,0 +1,196 @@
+//! The fault schedule and the faults themselves: kills and restarts,
+//! PostgreSQL restarts, window changes, clock jumps.
+
+use super::*;
+
+#[derive(Clone, Debug)]
+pub(super) enum FaultEvent {
+    Kill(usize),
+    PgRestart,
+    Window(i32),
+    /// A gateway's wall clock jumps to this offset (seconds).
+    Clock(usize, i64),
+}
+
+pub(super) fn schedule(config: &Config) -> Vec<(Duration, FaultEvent)> {
+    let mut events = Vec::new();
+    let run = config.duration;
+    if let Some(every) = config.faults.kill_every {
+        let mut at = every;
+        let mut k = 0;
+        while at + config.faults.kill_downtime < run {
+            events.push((at, FaultEvent::Kill(k % config.gateways.len())));
+            k += 1;
+            at += every;
+        }
+    }
+    if let Some(every) = config.faults.pg_restart_every {
+        let mut at = every;
+        while at < run {
+            events.push((at, FaultEvent::PgRestart));
+            at += every;
+        }
+    }
+    for &at in &config.faults.pg_restart_at {
+        events.push((at, FaultEvent::PgRestart));
+    }
+    if let Some(short) = config.faults.short_window {
+        events.push((run.mul_f64(short.from), FaultEvent::Window(short.seconds)));
+        events.push((run.mul_f64(short.to), FaultEvent::Window(config.long_window_seconds)));
+    }
+    for (gateway, spec) in config.gateways.iter().enumerate() {
+        for (at, offset_s) in spec.clock.iter().flat_map(|skew| skew.jumps(run)) {
+            events.push((at, FaultEvent::Clock(gateway, offset_s)));
+        }
+    }
+    events.sort_by_key(|(at, _)| *at);
+    events
+}
+
+#[derive(Debug, Default)]
+pub(super) struct FaultLog {
+    pub(super) kills: u64,
+    pub(super) restarts: u64,
+    pub(super) pg_restarts: u64,
+    pub(super) clock_jumps: u64,
+    pub(super) errors: Vec<String>,
+    pub(super) unexpected_exits: Vec<String>,
+}
+
+/// Configures through whichever gateway answers.
+pub(super) struct Admin {
+    pub(super) book: AddressBook,
+}
+
+impl Admin {
+    /// Sets the queue's window; the answer's time is when it surely holds.
+    pub(super) async fn configure(&mut self, queue: &str, seconds: i32) -> anyhow::Result<(i64, i64)> {
+        let sent_us = now_us();
+        let body = json!({ "queue": queue, "options": { "dedupWindowSeconds": seconds } }).to_string();
+        let mut last_error = String::new();
+        for _ in 0..120 {
+            let targets: Vec<SocketAddr> = self.book.read().expect("not poisoned").iter().flatten().map(|(a, _)| *a).collect();
+            for addr in targets {
+                let attempt = async {
+                    let mut client = Client::connect(addr).await?;
+                    client.send(Method::POST, "/api/v1/configure", body.clone(), &[("content-type", "application/json")]).await
+                };
+                match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+                    Ok(Ok(reply)) if reply.status == 200 => {
+                        let stored = reply.json()["options"]["dedupWindowSeconds"].as_i64();
+                        if stored != Some(i64::from(seconds)) {
+                            bail!("configure stored {stored:?}, not {seconds}: {}", reply.text());
+                        }
+                        return Ok((sent_us, now_us()));
+                    }
+                    Ok(Ok(reply)) => last_error = format!("HTTP {}: {}", reply.status, reply.text()),
+                    Ok(Err(error)) => last_error = format!("{error:#}"),
+                    Err(_) => last_error = "timed out".to_owned(),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        bail!("configure {queue} to {seconds} s failed: {last_error}")
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_faults(
+    schedule: &[(Duration, FaultEvent)],
+    nodes: &mut [Node],
+    book: &AddressBook,
+    admin: &mut Admin,
+    windows: &Arc<Mutex<Windows>>,
+    pg_cluster: Option<&PgCluster>,
+    config: &Config,
+    t0: Instant,
+    end: Instant,
+    log: &mut FaultLog,
+) {
+    let mut next = 0;
+    loop {
+        // A gateway that exited by itself is a finding: report and restart it.
+        for (index, node) in nodes.iter_mut().enumerate() {
+            if let Some(status) = node.exited() {
+                log.unexpected_exits.push(format!("{} exited ({status}):\n{}", node.spec.label, node.tail()));
+                restart(index, node, book, log).await;
+            }
+        }
+        if next < schedule.len() && t0.elapsed() >= schedule[next].0 {
+            match schedule[next].1 {
+                FaultEvent::Kill(index) => {
+                    let node = &mut nodes[index];
+                    book.write().expect("not poisoned")[index] = None;
+                    node.kill();
+                    log.kills += 1;
+                    tokio::time::sleep(config.faults.kill_downtime).await;
+                    restart(index, node, book, log).await;
+                }
+                FaultEvent::PgRestart => {
+                    if let Some(cluster) = pg_cluster {
+                        let cluster = cluster.clone();
+                        match tokio::task::spawn_blocking(move || cluster.restart()).await {
+                            Ok(Ok(())) => log.pg_restarts += 1,
+                            Ok(Err(error)) => log.errors.push(format!("{error:#}")),
+                            Err(error) => log.errors.push(format!("pg restart task: {error}")),
+                        }
+                    }
+                }
+                FaultEvent::Window(seconds) => {
+                    let sent_us = now_us();
+                    let outcome = admin.configure(&config.queue, seconds).await;
+                    let (sent_us, acked_us) = match outcome {
+                        Ok(times) => times,
+                        Err(error) => {
+                            log.errors.push(format!("{error:#}"));
+                            (sent_us, i64::MAX)
+                        }
+                    };
+                    windows.lock().expect("not poisoned").changes.push(WindowChange { seconds, sent_us, acked_us });
+                }
+                FaultEvent::Clock(index, offset_s) => {
+                    let node = &nodes[index];
+                    match node.clock.as_ref().map(|file| file.set(offset_s)) {
+                        Some(Ok(())) => log.clock_jumps += 1,
+                        Some(Err(error)) => log.errors.push(format!("{}: {error:#}", node.spec.label)),
+                        None => log.errors.push(format!("{}: a clock jump without a clock file", node.spec.label)),
+                    }
+                }
+            }
+            next += 1;
+            continue;
+        }
+        if Instant::now() >= end && next >= schedule.len() {
+            return;
+        }
+        if Instant::now() >= end + config.request_deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub(super) async fn restart(index: usize, node: &mut Node, book: &AddressBook, log: &mut FaultLog) {
+    node.kill();
+    node.incarnation += 1;
+    for attempt in 0..30 {
+        match node.start().await {
+            Ok(addr) => {
+                book.write().expect("not poisoned")[index] = Some((addr, node.incarnation));
+                log.restarts += 1;
+                return;
+            }
+            Err(error) => {
+                if attempt == 29 {
+                    log.errors.push(format!("restart {}: {error:#}", node.spec.label));
+                }
+                // The address may still be taken, or the database down:
+                // after a few tries, any free port will do.
+                if attempt >= 3 {
+                    node.addr = None;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}

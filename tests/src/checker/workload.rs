@@ -1,0 +1,187 @@
+//! The producers: what each sends, to which gateway, and how it retries.
+
+use super::*;
+
+pub(super) async fn produce(producer: usize, config: &Config, book: &AddressBook, t0: Instant, end: Instant) -> Vec<Request> {
+    let mut rng = StdRng::seed_from_u64(config.seed ^ (producer as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut clients: Vec<Option<(u32, Client)>> = (0..config.gateways.len()).map(|_| None).collect();
+    let mut requests = Vec::new();
+    let mut next_new: u64 = 0;
+    // The partition of each of this producer's ids, fixed when it is minted.
+    let mut own_partitions: Vec<String> = Vec::new();
+    let interval = if config.rate > 0.0 { Duration::from_secs_f64(1.0 / config.rate) } else { Duration::ZERO };
+    let mut next_at = Instant::now();
+    for seq in 0..config.max_requests as u64 {
+        if Instant::now() >= end {
+            break;
+        }
+        if !interval.is_zero() {
+            tokio::time::sleep_until(next_at.into()).await;
+            // A stall (a retried request) is not made up for with a burst.
+            next_at = (next_at + interval).max(Instant::now());
+        }
+        let count = rng.random_range(1..=config.max_batch);
+        let mut items: Vec<Item> = Vec::with_capacity(count);
+        for _ in 0..count {
+            let roll = rng.random_range(0..100u32);
+            let now = t0.elapsed();
+            let (txn, kind) = if roll < config.repeat_percent && (next_new > 0 || !items.is_empty()) {
+                if !items.is_empty() && (next_new == 0 || rng.random_bool(0.1)) {
+                    // The same id twice in one request.
+                    let earlier = items[rng.random_range(0..items.len())].clone();
+                    items.push(Item { kind: Kind::Repeat, ..earlier });
+                    continue;
+                } else {
+                    // Mostly recent ids (a producer's retry logic), sometimes any.
+                    let n = if rng.random_bool(0.8) {
+                        next_new - 1 - rng.random_range(0..next_new.min(64))
+                    } else {
+                        rng.random_range(0..next_new)
+                    };
+                    let partition = own_partitions[n as usize].clone();
+                    items.push(Item { txn: format!("p{producer}-{n}"), partition, kind: Kind::Repeat });
+                    continue;
+                }
+            } else if roll < config.repeat_percent + config.shared_percent {
+                // Producers pushing at about the same time pick from the same few.
+                let slot = now.as_millis() / 500;
+                (format!("s-{slot}-{}", rng.random_range(0..4)), Kind::Shared)
+            } else {
+                next_new += 1;
+                (format!("p{producer}-{}", next_new - 1), Kind::New)
+            };
+            // Shared ids are placed by the time their slot names, so that
+            // every producer places one the same way.
+            let minted_at = match kind {
+                Kind::Shared => Duration::from_millis(500 * (now.as_millis() / 500) as u64),
+                _ => now,
+            };
+            let partition = partition_of(&txn, minted_at, config);
+            if kind == Kind::New {
+                own_partitions.push(partition.clone());
+            }
+            items.push(Item { txn, partition, kind });
+        }
+        let mut request = Request { producer, seq, items, attempts: Vec::new() };
+        send(&mut request, config, book, &mut clients, &mut rng).await;
+        requests.push(request);
+    }
+    requests
+}
+
+/// A new id's partition, in the hot group of the time it is minted at; the
+/// id keeps it for good.
+pub(super) fn partition_of(txn: &str, minted_at: Duration, config: &Config) -> String {
+    let hash = xxhash_rust::xxh3::xxh3_64(txn.as_bytes()) as usize;
+    let partitions = config.partitions.max(1);
+    let hot = config.hot_partitions.min(partitions);
+    if hot == 0 || config.hot_phase.is_zero() {
+        return format!("part-{}", hash % partitions);
+    }
+    let groups = partitions / hot;
+    let group = (minted_at.as_millis() / config.hot_phase.as_millis()) as usize % groups;
+    format!("part-{}", group * hot + hash % hot)
+}
+
+/// Sends one request until it is answered, refused for good, or given up.
+pub(super) async fn send(
+    request: &mut Request,
+    config: &Config,
+    book: &AddressBook,
+    clients: &mut [Option<(u32, Client)>],
+    rng: &mut StdRng,
+) {
+    let deadline = Instant::now() + config.request_deadline;
+    let mut backoff = Duration::from_millis(50);
+    for attempt in 0..config.max_attempts {
+        let gateway = rng.random_range(0..clients.len());
+        let body = json!({
+            "items": request.items.iter().map(|item| json!({
+                "queue": config.queue,
+                "partition": item.partition,
+                "transactionId": item.txn,
+                "payload": { "c": [request.producer, request.seq, attempt] },
+            })).collect::<Vec<_>>()
+        })
+        .to_string();
+        let target = book.read().expect("not poisoned")[gateway];
+        let sent_us = now_us();
+        let (incarnation, outcome) = match target {
+            None => (0, Outcome::Connection("the gateway is down".to_owned())),
+            Some((addr, incarnation)) => {
+                let outcome =
+                    tokio::time::timeout(config.attempt_timeout, exchange(&mut clients[gateway], addr, incarnation, body)).await;
+                let outcome = match outcome {
+                    Ok(Ok((201, text))) => parse_answer(&text, &request.items, &config.queue),
+                    Ok(Ok((status, text))) => Outcome::Status(status, text),
+                    Ok(Err(error)) => Outcome::Connection(format!("{error:#}")),
+                    Err(_) => Outcome::Timeout,
+                };
+                if !matches!(outcome, Outcome::Answered(_)) {
+                    // A fresh connection next time.
+                    clients[gateway] = None;
+                }
+                (incarnation, outcome)
+            }
+        };
+        let done_us = now_us();
+        let retry = match &outcome {
+            Outcome::Answered(_) | Outcome::Malformed(_) => false,
+            Outcome::Status(status, _) => *status >= 500,
+            Outcome::Timeout | Outcome::Connection(_) => true,
+        };
+        request.attempts.push(Attempt { gateway, incarnation, sent_us, done_us, outcome });
+        if !retry || Instant::now() >= deadline {
+            return;
+        }
+        let jitter = Duration::from_millis(rng.random_range(0..=backoff.as_millis() as u64 / 2));
+        tokio::time::sleep((backoff + jitter).min(deadline.saturating_duration_since(Instant::now()))).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+pub(super) async fn exchange(
+    slot: &mut Option<(u32, Client)>,
+    addr: SocketAddr,
+    incarnation: u32,
+    body: String,
+) -> anyhow::Result<(u16, String)> {
+    if slot.as_ref().is_none_or(|(i, _)| *i != incarnation) {
+        *slot = Some((incarnation, Client::connect(addr).await?));
+    }
+    let (_, client) = slot.as_mut().expect("just connected");
+    let reply = client.send(Method::POST, "/api/v1/push", body, &[("content-type", "application/json")]).await?;
+    Ok((reply.status, reply.text()))
+}
+
+/// Parses a 201 body and checks its shape against the request.
+pub(super) fn parse_answer(text: &str, items: &[Item], queue: &str) -> Outcome {
+    let Ok(Value::Array(entries)) = serde_json::from_str::<Value>(text) else {
+        return Outcome::Malformed(format!("not a JSON array: {text}"));
+    };
+    if entries.len() != items.len() {
+        return Outcome::Malformed(format!("{} answers for {} items: {text}", entries.len(), items.len()));
+    }
+    let mut answers = Vec::with_capacity(items.len());
+    for (index, (entry, item)) in entries.iter().zip(items).enumerate() {
+        let status = match entry.get("status").and_then(Value::as_str) {
+            Some("queued") => Status::Queued,
+            Some("duplicate") => Status::Duplicate,
+            _ => return Outcome::Malformed(format!("answer {index} has no known status: {entry}")),
+        };
+        let message_id = entry.get("message_id").and_then(Value::as_str).and_then(|s| Uuid::parse_str(s).ok());
+        let offset = entry.get("offset").and_then(Value::as_i64);
+        let (Some(message_id), Some(offset)) = (message_id, offset) else {
+            return Outcome::Malformed(format!("answer {index} lacks a message id or an offset: {entry}"));
+        };
+        let echoes = entry.get("index").and_then(Value::as_u64) == Some(index as u64)
+            && entry.get("transaction_id").and_then(Value::as_str) == Some(item.txn.as_str())
+            && entry.get("queueName").and_then(Value::as_str) == Some(queue)
+            && entry.get("partition").and_then(Value::as_str) == Some(item.partition.as_str());
+        if !echoes || offset < 0 {
+            return Outcome::Malformed(format!("answer {index} does not echo item {index} ({}): {entry}", item.txn));
+        }
+        answers.push(ItemAnswer { status, message_id, offset });
+    }
+    Outcome::Answered(answers)
+}
