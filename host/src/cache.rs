@@ -31,6 +31,11 @@ pub trait HostedCache: DedupCache + Send + std::fmt::Debug {
     /// requires `now` monotone.
     fn reset(&mut self);
 
+    /// The configuration it was made with. Its skew slack is the one the
+    /// host's clock floors and hydration reads must use: the cache expires
+    /// by it.
+    fn config(&self) -> ShardConfig;
+
     /// How many times an instance was retired and rebuilt (0 natively).
     fn rebuilds(&self) -> u64 {
         0
@@ -39,13 +44,21 @@ pub trait HostedCache: DedupCache + Send + std::fmt::Debug {
 
 impl HostedCache for Shard {
     fn reset(&mut self) {
-        *self = Shard::new(self.config());
+        *self = Shard::new(Shard::config(self));
+    }
+
+    fn config(&self) -> ShardConfig {
+        Shard::config(self)
     }
 }
 
 impl HostedCache for WasmShard {
     fn reset(&mut self) {
         WasmShard::reset(self);
+    }
+
+    fn config(&self) -> ShardConfig {
+        WasmShard::config(self)
     }
 
     fn rebuilds(&self) -> u64 {

@@ -11,6 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use stile_guest::HydrateError;
+
 use crate::db::ProbeMode;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -139,7 +141,12 @@ impl Metrics {
 
     /// A hydration's outcome: `installed`, `refused` (malformed or window
     /// 0), or `lost` (the instance failed during the call).
-    pub fn hydration(&self, outcome: &'static str) {
+    pub fn hydration(&self, result: Result<(), HydrateError>) {
+        let outcome = match result {
+            Ok(()) => "installed",
+            Err(HydrateError::Lost) => "lost",
+            Err(HydrateError::Malformed | HydrateError::WindowOff) => "refused",
+        };
         self.hydrations.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 

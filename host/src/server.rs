@@ -70,8 +70,7 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
         let cache = ShardCache::new(config.engine, engine.as_ref(), cache_config)?;
         // A budget of 0 disables the cache: the guest's recent-use guard
         // would otherwise keep every busy partition's entry past it.
-        let shard_config =
-            WorkerConfig { hydrate: config.cache_mb > 0, skew_slack_ms: cache_config.skew_slack_ms, ..WorkerConfig::default() };
+        let shard_config = WorkerConfig { hydrate: config.cache_mb > 0, ..WorkerConfig::default() };
         let (handle, worker) = shard::spawn(id, cache, db.clone(), metrics.clone(), shard_config, first);
         handles.push(handle);
         workers.push(worker);

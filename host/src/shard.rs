@@ -26,8 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt as _};
 use stile_guest::{
-    Admission, Commit, DbClock, EntryState, HydrateError, Hydration, Millis, Offset, Plan, Reading, Segment as CacheSegment,
-    TxnsRow,
+    Admission, Commit, DbClock, EntryState, Hydration, Millis, Offset, Plan, Reading, Segment as CacheSegment, TxnsRow,
 };
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
@@ -84,22 +83,11 @@ pub struct WorkerConfig {
     /// no cache entry is ever born: the cache never vouches, and every
     /// segment is probed in full.
     pub hydrate: bool,
-    /// The cache's clock-skew slack: hydrations read this much further back
-    /// than the window, a bundle's vouches hold from its `now` less this on,
-    /// and readings of PostgreSQL's clock may fall this far below the `now`
-    /// already given before they count as a step back.
-    pub skew_slack_ms: u32,
 }
 
 impl Default for WorkerConfig {
     fn default() -> WorkerConfig {
-        WorkerConfig {
-            max_segment: 4096,
-            max_in_flight: 4,
-            housekeeping: Duration::from_secs(1),
-            hydrate: true,
-            skew_slack_ms: stile_guest::ShardConfig::DEFAULT_SKEW_SLACK_MS,
-        }
+        WorkerConfig { max_segment: 4096, max_in_flight: 4, housekeeping: Duration::from_secs(1), hydrate: true }
     }
 }
 
@@ -154,6 +142,7 @@ pub fn spawn(
     first: DbReading,
 ) -> (ShardHandle, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(1024);
+    let clock = DbClock::new(first.db_ms, 0, cache.config().skew_slack_ms);
     let worker = Worker {
         id,
         cache,
@@ -163,7 +152,7 @@ pub fn spawn(
         partitions: HashMap::new(),
         requests: HashMap::new(),
         next_request: 0,
-        clock: DbClock::new(first.db_ms, 0, config.skew_slack_ms),
+        clock,
         mono_origin: first.received,
         in_flight: FuturesUnordered::new(),
     };
@@ -413,7 +402,7 @@ impl Worker {
             });
             segments.push(in_flight);
         }
-        let clock_floor = ClockFloor(now.saturating_sub(Millis::from(self.config.skew_slack_ms)));
+        let clock_floor = ClockFloor(now.saturating_sub(Millis::from(self.skew_slack_ms())));
         PlannedBundle { segments, pushes, clock_floor }
     }
 
@@ -533,7 +522,7 @@ impl Worker {
         }
         partition.busy = true;
         let db = self.db.clone();
-        let slack_ms = self.config.skew_slack_ms;
+        let slack_ms = self.skew_slack_ms();
         self.in_flight.push(Box::pin(async move {
             let result = db.hydration(partition_id, window_seconds, slack_ms).await;
             Done::Hydration { partition_id, window_seconds, result, received: Instant::now() }
@@ -569,13 +558,9 @@ impl Worker {
         };
         let started = Instant::now();
         let now = self.now();
-        let outcome = match self.cache.hydrate(now, &hydration) {
-            Ok(()) => "installed",
-            Err(HydrateError::Lost) => "lost",
-            Err(HydrateError::Malformed | HydrateError::WindowOff) => "refused",
-        };
+        let installed = self.cache.hydrate(now, &hydration);
         self.metrics.guest_call(started.elapsed());
-        self.metrics.hydration(outcome);
+        self.metrics.hydration(installed);
     }
 
     fn failed(&mut self, segments: Vec<InFlight>, error: &DbError) {
@@ -622,6 +607,15 @@ impl Worker {
         }
     }
 
+    /// The cache's clock-skew slack: hydrations read this much further back
+    /// than the window, a bundle's vouches hold from its `now` less this on,
+    /// and readings of PostgreSQL's clock may fall this far below the `now`
+    /// already given before they count as a step back. The cache's own, so
+    /// that the floor never assumes less than the cache's expiry did.
+    fn skew_slack_ms(&self) -> u32 {
+        self.cache.config().skew_slack_ms
+    }
+
     /// The cache's `now`: PostgreSQL's clock as bounded from below, held
     /// monotone.
     fn now(&mut self) -> Millis {
@@ -655,8 +649,8 @@ impl Worker {
         let now = self.now();
         let offset_ms = wall_clock_ms().saturating_sub(self.clock.estimate(self.mono_ms(Instant::now())));
         self.metrics.clock_offset(offset_ms);
-        if offset_ms.unsigned_abs() > u64::from(self.config.skew_slack_ms) {
-            warn_clock_offset(offset_ms, self.config.skew_slack_ms);
+        if offset_ms.unsigned_abs() > u64::from(self.skew_slack_ms()) {
+            warn_clock_offset(offset_ms, self.skew_slack_ms());
         }
         self.cache.expire(now);
         // Forget the state of partitions idle for as long as the metadata

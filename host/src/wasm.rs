@@ -138,6 +138,10 @@ impl WasmShard {
         self.live.is_some()
     }
 
+    pub fn config(&self) -> core::ShardConfig {
+        self.config
+    }
+
     pub fn rebuilds(&self) -> u64 {
         self.rebuilds
     }
