@@ -529,7 +529,11 @@ impl<'s, C: DedupCache, M: FnMut(ShardConfig) -> C> Driver<'s, C, M> {
             if fresh_only {
                 ensure!(plan.local_hits.is_empty(), "fresh hashes reported as local hits: {:?}", plan.local_hits);
             }
-            if self.hosts[index].in_sync {
+            // Completeness holds only while the push function honours the
+            // cache's judgement of age: after PostgreSQL's clock stepped back
+            // beyond the slack, unseen, hashes the cache rightly expired are
+            // inside the window again, and the push function probes them.
+            if self.hosts[index].in_sync && self.push_honours_vouches() {
                 if plan.local_hits.is_empty() {
                     ensure!(
                         p == log.last_offset,
@@ -790,6 +794,34 @@ mod tests {
         let mut ops = ops;
         ops.extend([rebuild(0), push(0, vec![1]), push(0, vec![3])]);
         assert_eq!(run_as(&scenario(ops), Shard::new, database_clock(true)), Ok(()));
+    }
+
+    #[test]
+    fn a_hash_expired_before_an_unseen_step_back_need_not_be_a_local_hit() {
+        // With no slack, a hash stored at T - 224 ms leaves the cache's 1 s
+        // window at T + 777 ms; PostgreSQL's clock then steps back 1 ms,
+        // unseen, and the hash is inside its window again. The cache cannot
+        // know; the push function refuses the plan's vouch, and a plan that
+        // narrowed to -1 for another hit probes the whole window anyway.
+        let range = |partition| Op::Push {
+            segments: vec![PushSegment { partition, ids: vec![], range: Some((0, 2)), fresh: 0, reported: false }],
+        };
+        let ops = vec![
+            push(2, vec![0]),
+            Op::StepDatabaseClock { ms: -224 },
+            rebuild(2),
+            range(2),
+            Op::Tick { ms: 1_001 },
+            rebuild(2),
+            Op::StepDatabaseClock { ms: -1 },
+            range(2),
+        ];
+        let mut scenario = scenario(ops);
+        scenario.config = ShardConfig { budget_bytes: 20_000, skew_slack_ms: 0 };
+        scenario.hash_space = 64;
+        scenario.mix_hashes = false;
+        scenario.windows_ms = [0, 0, 1_000, 0];
+        assert_eq!(run(&scenario, Shard::new), Ok(()));
     }
 
     #[test]
