@@ -22,7 +22,12 @@
 //!
 //! On a schedule: `kill -9` of a gateway and its restart on the same address
 //! and database; a PostgreSQL restart (`pg_ctlcluster restart`); the queue's
-//! window shortened and lengthened again by `/api/v1/configure`. Per gateway:
+//! window shortened and lengthened again by `/api/v1/configure`; a failover:
+//! the gateways run on a primary and a synchronous standby of the checker's
+//! own (given both, libpq's multi-host form with
+//! `target_session_attrs=read-write`), the primary is stopped immediately
+//! and the standby promoted, and the truth is read from the promoted server
+//! alone, so that what the old primary acknowledged must be there. Per gateway:
 //! guest traps (`--inject-guest-traps-per-million`), a tiny cache budget
 //! (`--cache-mb 1`, so partitions are suppressed and evicted), a wall clock
 //! ahead of or behind PostgreSQL's by more than the window that jumps mid-run
@@ -58,7 +63,8 @@
 //!
 //! This file: the configuration, the records of the workload, the report and
 //! the run. `nodes` starts and kills gateway processes; `workload` is the
-//! producers; `faults` the schedule and the faults; `scrape` reads each
+//! producers; `faults` the schedule and the faults; `replicated` the primary
+//! and standby the failover acts on; `scrape` reads each
 //! gateway's `/metrics` during the run (`vitals` summarises them); `truth`
 //! reads what PostgreSQL stored; `checks` holds every answer against it. The
 //! clock fault itself is `crate::clock`.
@@ -84,6 +90,7 @@ use crate::gateway::{Client, each_line, stile_binary};
 mod checks;
 mod faults;
 mod nodes;
+mod replicated;
 mod scrape;
 mod truth;
 mod vitals;
@@ -93,6 +100,7 @@ pub use crate::clock::ClockSkew;
 use checks::*;
 use faults::*;
 use nodes::*;
+use replicated::*;
 use scrape::*;
 use truth::*;
 pub use vitals::{Latency, Sample};
@@ -112,7 +120,8 @@ const TRAP_LINE: &str = "cache instance failed; rebuilding it";
 /// One run of the checker.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// The database every gateway fronts (keyword/value or URI).
+    /// The database every gateway fronts (keyword/value or URI). Unused with
+    /// a failover fault, which runs the gateways on servers of its own.
     pub database_url: String,
     pub seed: u64,
     /// How long producers start new requests.
@@ -230,6 +239,11 @@ pub struct Faults {
     /// Shorten the window to `seconds` from `from` to `to` (fractions of the
     /// run), then lengthen it back to the long window.
     pub short_window: Option<ShortWindow>,
+    /// Run the gateways on a primary and a synchronous standby the checker
+    /// makes itself, instead of on `database_url`, and at this offset stop
+    /// the primary immediately and promote the standby. PostgreSQL restarts
+    /// cannot be asked for with it: they restart the shared cluster.
+    pub failover_at: Option<Duration>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -446,6 +460,8 @@ pub struct Report {
     pub max_clock_offset_s: f64,
     pub guest_traps: u64,
     pub window_changes: Vec<String>,
+    /// What the failover did, when there was one.
+    pub failover: Option<FailoverReport>,
     pub fault_errors: Vec<String>,
     pub unexpected_exits: Vec<String>,
     pub gateway_lines: Vec<String>,
@@ -469,6 +485,67 @@ pub struct Report {
     pub latency: Latency,
     /// Of single attempts that were answered.
     pub attempt_latency: Latency,
+}
+
+/// What the failover fault did, and how the gateways answered around it.
+#[derive(Clone, Debug, Default)]
+pub struct FailoverReport {
+    /// The primary's address, and the standby's (the primary after it).
+    pub primary: String,
+    pub standby: String,
+    /// The standby's `sync_state` in the primary's `pg_stat_replication`
+    /// right before the stop: `sync` when the primary's commits waited for
+    /// it.
+    pub sync_state: String,
+    /// How the primary's process ended.
+    pub primary_exit: String,
+    /// When the primary was stopped and when the standby accepted writes,
+    /// from the start of the push phase.
+    pub stopped_at: Duration,
+    pub promoted_at: Duration,
+    /// From the stop to the first answer to a push sent after it.
+    pub served_again_after: Option<Duration>,
+    /// Attempts sent after the stop that were answered 503, or failed
+    /// otherwise (other statuses, timeouts, connection errors); the run's
+    /// other faults add theirs.
+    pub failed_after_503s: u64,
+    pub failed_after_other: u64,
+    /// Items answered `queued` before the stop: acknowledged by the old
+    /// primary, so the checks find each on the promoted standby.
+    pub queued_before: u64,
+    /// Items answered to attempts sent after the stop, which only the
+    /// promoted standby could serve, and those of them answered `queued`.
+    pub answered_after: u64,
+    pub queued_after: u64,
+    /// The server the truth was read from, and whether it was still in
+    /// recovery then (false once promoted).
+    pub truth_from: String,
+    pub truth_in_recovery: bool,
+}
+
+impl fmt::Display for FailoverReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let served_again = self.served_again_after.map_or_else(|| "never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
+        write!(
+            f,
+            "failover: primary {} stopped immediately at {:.1} s (its standby was {}; {}), standby {} promoted {:.1} s later; \
+             pushes served again {served_again} after the stop; attempts sent after it: {} answered 503, {} failed otherwise; \
+             {} items answered queued before the stop, {} answered after it ({} queued); the truth read from {} (in recovery: {})",
+            self.primary,
+            self.stopped_at.as_secs_f64(),
+            self.sync_state,
+            self.primary_exit,
+            self.standby,
+            self.promoted_at.saturating_sub(self.stopped_at).as_secs_f64(),
+            self.failed_after_503s,
+            self.failed_after_other,
+            self.queued_before,
+            self.answered_after,
+            self.queued_after,
+            self.truth_from,
+            self.truth_in_recovery
+        )
+    }
 }
 
 /// A broken promise.
@@ -525,16 +602,20 @@ impl fmt::Display for Report {
         writeln!(f, "answers: {} queued, {} duplicate", self.queued, self.duplicate)?;
         writeln!(
             f,
-            "faults: {} gateway kills (kill -9), {} restarts, {} postgres restarts, {} guest traps, {} clock jumps \
+            "faults: {} gateway kills (kill -9), {} restarts, {} postgres restarts, {} failovers, {} guest traps, {} clock jumps \
              (offsets up to {:.0} s measured), window changes [{}]",
             self.kills,
             self.restarts,
             self.pg_restarts,
+            u64::from(self.failover.is_some()),
             self.guest_traps,
             self.clock_jumps,
             self.max_clock_offset_s,
             self.window_changes.join(", ")
         )?;
+        if let Some(failover) = &self.failover {
+            writeln!(f, "{failover}")?;
+        }
         let probes: Vec<String> = self.probes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         writeln!(
             f,
@@ -598,8 +679,28 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         ..Report::default()
     };
 
+    // The database: the one given, or a replicated pair of the checker's own
+    // for a failover. Declared before the gateways, so that it outlives them.
+    let pg_restarts = config.faults.pg_restart_every.is_some() || !config.faults.pg_restart_at.is_empty();
+    let pair = match config.faults.failover_at {
+        Some(_) if pg_restarts => {
+            bail!("a failover runs the gateways on servers of its own, which PostgreSQL restarts do not reach")
+        }
+        Some(_) => Some(Arc::new(ReplicatedPair::start().await.context("start a primary and its synchronous standby")?)),
+        None => None,
+    };
+    let database_url = pair.as_ref().map_or_else(|| config.database_url.clone(), |pair| pair.url());
+    if let Some(pair) = &pair {
+        let _ = write!(
+            report.summary,
+            ", on a primary {} with a synchronous standby {}",
+            pair.primary.address(),
+            pair.standby.address()
+        );
+    }
+
     // Gateways.
-    let mut nodes: Vec<Node> = config.gateways.iter().map(|spec| Node::new(spec.clone(), &config.database_url)).collect();
+    let mut nodes: Vec<Node> = config.gateways.iter().map(|spec| Node::new(spec.clone(), &database_url)).collect();
     let book: AddressBook = Arc::new(RwLock::new(vec![None; nodes.len()]));
     for (index, node) in nodes.iter_mut().enumerate() {
         let addr = node.start().await?;
@@ -611,12 +712,14 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     admin.configure(&config.queue, config.long_window_seconds).await.context("set the long window")?;
     let windows = Arc::new(Mutex::new(Windows { initial: config.long_window_seconds, changes: Vec::new() }));
 
-    let pg_cluster =
-        match (&config.faults.pg_cluster, config.faults.pg_restart_every.is_some() || !config.faults.pg_restart_at.is_empty()) {
+    let pg = PgTargets {
+        cluster: match (&config.faults.pg_cluster, pg_restarts) {
             (Some(cluster), _) => Some(cluster.clone()),
             (None, true) => Some(PgCluster::for_url(&config.database_url)?),
             (None, false) => None,
-        };
+        },
+        pair: pair.clone(),
+    };
 
     // Producers, the metrics scraper and the fault schedule.
     let t0 = Instant::now();
@@ -632,7 +735,8 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let scraper = tokio::spawn(scrape_loop(book.clone(), scraped.clone(), stop_scraping.clone(), t0));
     let schedule = schedule(config);
     let mut faults = FaultLog::default();
-    run_faults(&schedule, &mut nodes, &book, &mut admin, &windows, pg_cluster.as_ref(), config, t0, end, &mut faults).await;
+    run_faults(&schedule, &mut nodes, &book, &mut admin, &windows, &pg, config, t0, end, &mut faults).await;
+    drop(pg);
 
     let mut requests: Vec<Request> = Vec::new();
     for task in producers {
@@ -673,8 +777,17 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         node.kill();
     }
 
-    // The truth.
-    let stored = read_stored(&config.database_url, &config.queue).await?;
+    // The truth: after a failover, from the promoted standby alone.
+    let truth_url = pair.as_ref().map_or_else(|| config.database_url.clone(), |pair| pair.current_primary_url());
+    if let (Some(pair), Some(times)) = (&pair, &faults.failover) {
+        let mut failover = failover_report(times, &requests, t0);
+        failover.primary = pair.primary.address();
+        failover.standby = pair.standby.address();
+        failover.truth_from = pair.current_primary().address();
+        failover.truth_in_recovery = pair.current_primary_in_recovery().await.context("ask the promoted standby")?;
+        report.failover = Some(failover);
+    }
+    let stored = read_stored(&truth_url, &config.queue).await?;
     check(&requests, &stored, &windows, &mut report);
     if !report.violations.is_empty() && report.violations.iter().any(|v| v.kind == "storage") {
         let _ = writeln!(report.histories, "gateway logs (tails):\n{}", gateway_tails.join("\n"));

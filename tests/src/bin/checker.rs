@@ -34,7 +34,13 @@
 //!   --tiny-shards N        g1's shards, sharing that budget [32]
 //!   --kill-every S         kill -9 a gateway this often, 0 for never [20]
 //!   --kill-downtime-ms N   how long a killed gateway stays down [1000]
-//!   --pg-restart-every S   restart PostgreSQL this often, 0 for never [60]
+//!   --pg-restart-every S   restart PostgreSQL this often, 0 for never [60; 0 with
+//!                          --failover-at]
+//!   --failover-at S        run on a primary and a synchronous standby of the
+//!                          checker's own (PostgreSQL's server programs, and as
+//!                          root the user `postgres`), stop the primary
+//!                          immediately this far into the run and promote the
+//!                          standby; 0 for no failover [0]
 //!   --short-window S       the short window, 0 for no window change [3]
 //!   --window S             the queue's window outside the short period
 //!                          [3600, or twice the run if longer]
@@ -46,7 +52,8 @@
 //!                          [with --roles faults: -,+2W:-2W,-2W:+2W for a
 //!                          window W; otherwise off]
 //!   --database-url URL     use this database (default: a fresh one on
-//!                          STILE_TEST_DATABASE_URL's server, dropped at the end)
+//!                          STILE_TEST_DATABASE_URL's server, dropped at the end;
+//!                          not with --failover-at)
 //!
 //! Two further runs are recorded in bench/checker/RESULTS.md. Churn: 100,000
 //! partitions, each id's partition chosen from a hot group of 2,000 that moves
@@ -71,6 +78,15 @@
 //! The PostgreSQL restart is `pg_ctlcluster --skip-systemctl-redirect VERSION
 //! NAME restart` of the cluster that listens on the database's port: it
 //! disturbs everything else that uses that cluster.
+//!
+//! The failover leaves that cluster alone: the checker makes a primary and a
+//! synchronous standby of its own in a temporary directory, gives the
+//! gateways both (`target_session_attrs=read-write`), and removes them at the
+//! end:
+//!
+//! ```text
+//! checker --seconds 120 --failover-at 60
+//! ```
 
 use std::time::Duration;
 
@@ -111,6 +127,7 @@ fn main() -> std::process::ExitCode {
         "kill-every",
         "kill-downtime-ms",
         "pg-restart-every",
+        "failover-at",
         "short-window",
         "database-url",
         "roles",
@@ -128,12 +145,18 @@ fn main() -> std::process::ExitCode {
         options.get(name).map_or(default, |v| v.parse().unwrap_or_else(|e| panic!("--{name} {v}: {e}")))
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+    let failover_at = number("failover-at", 0.0);
+    if failover_at > 0.0 && (options.contains_key("database-url") || number("pg-restart-every", 0.0) > 0.0) {
+        eprintln!("checker: --failover-at runs on servers of its own: it takes no --database-url nor --pg-restart-every");
+        return std::process::ExitCode::from(2);
+    }
     runtime.block_on(async {
         let test_db = match options.get("database-url") {
             Some(_) => None,
+            None if failover_at > 0.0 => None,
             None => Some(TestDb::new().await),
         };
-        let url = options.get("database-url").cloned().unwrap_or_else(|| test_db.as_ref().expect("created").url());
+        let url = options.get("database-url").cloned().or_else(|| test_db.as_ref().map(TestDb::url)).unwrap_or_default();
         let seconds = number("seconds", 300.0);
         let mut config = Config::new(&url, Duration::from_secs_f64(seconds));
         if let Some(seed) = options.get("seed") {
@@ -196,13 +219,14 @@ fn main() -> std::process::ExitCode {
             }
         }
         let kill_every = number("kill-every", 20.0);
-        let pg_every = number("pg-restart-every", 60.0);
+        let pg_every = number("pg-restart-every", if failover_at > 0.0 { 0.0 } else { 60.0 });
         let short = number("short-window", 3.0);
         config.faults = Faults {
             kill_every: (kill_every > 0.0).then(|| Duration::from_secs_f64(kill_every)),
             kill_downtime: Duration::from_millis(number("kill-downtime-ms", 1000.0) as u64),
             pg_restart_every: (pg_every > 0.0).then(|| Duration::from_secs_f64(pg_every)),
             short_window: (short > 0.0).then_some(ShortWindow { seconds: short as i32, from: 0.4, to: 0.6 }),
+            failover_at: (failover_at > 0.0).then(|| Duration::from_secs_f64(failover_at)),
             ..Faults::default()
         };
         let report = match checker::run(&config).await {

@@ -1,5 +1,5 @@
 //! The fault schedule and the faults themselves: kills and restarts,
-//! PostgreSQL restarts, window changes, clock jumps.
+//! PostgreSQL restarts, the failover, window changes, clock jumps.
 
 use super::*;
 
@@ -7,6 +7,9 @@ use super::*;
 pub(super) enum FaultEvent {
     Kill(usize),
     PgRestart,
+    /// The replicated pair's primary stopped immediately, its standby
+    /// promoted.
+    Failover,
     Window(i32),
     /// A gateway's wall clock jumps to this offset (seconds).
     Clock(usize, i64),
@@ -34,6 +37,9 @@ pub(super) fn schedule(config: &Config) -> Vec<(Duration, FaultEvent)> {
     for &at in &config.faults.pg_restart_at {
         events.push((at, FaultEvent::PgRestart));
     }
+    if let Some(at) = config.faults.failover_at {
+        events.push((at, FaultEvent::Failover));
+    }
     if let Some(short) = config.faults.short_window {
         events.push((run.mul_f64(short.from), FaultEvent::Window(short.seconds)));
         events.push((run.mul_f64(short.to), FaultEvent::Window(config.long_window_seconds)));
@@ -53,6 +59,7 @@ pub(super) struct FaultLog {
     pub(super) restarts: u64,
     pub(super) pg_restarts: u64,
     pub(super) clock_jumps: u64,
+    pub(super) failover: Option<FailoverTimes>,
     pub(super) errors: Vec<String>,
     pub(super) unexpected_exits: Vec<String>,
 }
@@ -94,6 +101,14 @@ impl Admin {
     }
 }
 
+/// The PostgreSQL servers the faults act on.
+pub(super) struct PgTargets {
+    /// The cluster a PostgreSQL restart restarts.
+    pub(super) cluster: Option<PgCluster>,
+    /// The primary and standby a failover switches between.
+    pub(super) pair: Option<Arc<ReplicatedPair>>,
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run_faults(
     schedule: &[(Duration, FaultEvent)],
@@ -101,7 +116,7 @@ pub(super) async fn run_faults(
     book: &AddressBook,
     admin: &mut Admin,
     windows: &Arc<Mutex<Windows>>,
-    pg_cluster: Option<&PgCluster>,
+    pg: &PgTargets,
     config: &Config,
     t0: Instant,
     end: Instant,
@@ -127,7 +142,7 @@ pub(super) async fn run_faults(
                     restart(index, node, book, log).await;
                 }
                 FaultEvent::PgRestart => {
-                    if let Some(cluster) = pg_cluster {
+                    if let Some(cluster) = &pg.cluster {
                         let cluster = cluster.clone();
                         match tokio::task::spawn_blocking(move || cluster.restart()).await {
                             Ok(Ok(())) => log.pg_restarts += 1,
@@ -136,6 +151,13 @@ pub(super) async fn run_faults(
                         }
                     }
                 }
+                FaultEvent::Failover => match &pg.pair {
+                    Some(pair) => match pair.fail_over().await {
+                        Ok(times) => log.failover = Some(times),
+                        Err(error) => log.errors.push(format!("failover: {error:#}")),
+                    },
+                    None => log.errors.push("a failover without a replicated pair".to_owned()),
+                },
                 FaultEvent::Window(seconds) => {
                     let sent_us = now_us();
                     let outcome = admin.configure(&config.queue, seconds).await;
@@ -193,4 +215,40 @@ pub(super) async fn restart(index: usize, node: &mut Node, book: &AddressBook, l
             }
         }
     }
+}
+
+/// How the workload fared around a failover: what was acknowledged before
+/// the stop, how soon and how often pushes failed after it, and what was
+/// served after it.
+pub(super) fn failover_report(times: &FailoverTimes, requests: &[Request], t0: Instant) -> FailoverReport {
+    let since_t0 = |us: i64| Duration::from_micros(u64::try_from(us - micros_of(t0)).unwrap_or(0));
+    let mut report = FailoverReport {
+        sync_state: times.sync_state.clone(),
+        primary_exit: times.primary_exit.clone(),
+        stopped_at: since_t0(times.stopped_us),
+        promoted_at: since_t0(times.promoted_us),
+        ..FailoverReport::default()
+    };
+    let mut served_again_us: Option<i64> = None;
+    for attempt in requests.iter().flat_map(|r| &r.attempts) {
+        let after = attempt.sent_us >= times.stopped_us;
+        match &attempt.outcome {
+            Outcome::Answered(answers) => {
+                let queued = answers.iter().filter(|a| a.status == Status::Queued).count() as u64;
+                if attempt.done_us < times.stopped_us {
+                    report.queued_before += queued;
+                } else if after {
+                    report.answered_after += answers.len() as u64;
+                    report.queued_after += queued;
+                    served_again_us = Some(served_again_us.map_or(attempt.done_us, |us| us.min(attempt.done_us)));
+                }
+            }
+            Outcome::Status(503, _) if after => report.failed_after_503s += 1,
+            _ if after => report.failed_after_other += 1,
+            _ => {}
+        }
+    }
+    report.served_again_after =
+        served_again_us.map(|us| Duration::from_micros(u64::try_from(us - times.stopped_us).unwrap_or(0)));
+    report
 }
