@@ -2,8 +2,9 @@
 //! the seed's textbook bucket ring.
 //!
 //! ```text
-//! cargo run --release -p stile-tests --bin cache_bench -- all
-//! cargo run --release -p stile-tests --bin cache_bench -- baseline|baseline128|native|wasm [--flush F] [--runs N] [--events N]
+//! cargo build --release -p stile-bench --bin cache_bench
+//! target/release/cache_bench [all]
+//! target/release/cache_bench baseline|baseline128|native|wasm [--flush 1024] [--runs 3] [--events 10000000]
 //! ```
 //!
 //! The workload: 10 M events at 100 k events per second of simulated time
@@ -39,14 +40,82 @@ use std::collections::{HashSet, VecDeque};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use serde_json::{Value, json};
+use stile_bench::{count, load_average, machine, median};
 use stile_guest::{
     Admission, Commit, DedupCache, EntryState, HASH_LEN, Hydration, Millis, NO_VOUCH, Offset, PartitionId, Segment, Shard,
     ShardConfig, Stats,
 };
 use stile_tests::component::{self, HealthyShard};
 
-const EVENTS: u64 = 10_000_000;
+/// The deduplication cache, native and as the component, against the seed's
+/// bucket ring, on the event-window workload of seed 004.
+#[derive(Debug, Parser)]
+#[command(
+    name = "cache_bench",
+    about = "The dedup cache (native and wasm) against seed 004's bucket ring, on its event-window workload"
+)]
+struct Args {
+    /// What to run: `all` runs every mode in a process of its own (so that peak RSS is per mode, and the cache's
+    /// modes at flushes of 64 and 1,024) and prints one table; any other mode runs alone, in this process.
+    #[arg(value_enum, default_value = "all")]
+    mode: Mode,
+    /// Events per flush, planned and recorded by one call each (the cache's modes, run alone).
+    #[arg(long, default_value = "1024", value_parser = count::<usize>)]
+    flush: usize,
+    /// Runs per mode; the times reported are their median.
+    #[arg(long, default_value = "3", value_parser = count::<usize>)]
+    runs: usize,
+    /// Events in the workload, at 100,000 per second of simulated time.
+    #[arg(long, default_value = "10000000", value_parser = count::<u64>)]
+    events: u64,
+}
+
+fn main() {
+    let Args { mode, flush, runs, events } = Args::parse();
+    if mode == Mode::All {
+        all(runs, events);
+    } else {
+        let row = measure(mode, flush, runs, events);
+        // The line `all` reads back from the process it started.
+        println!("RESULT {row}");
+        print_table(std::slice::from_ref(&row), runs, events);
+    }
+}
+
+/// What a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    /// Every other mode, each in a process of its own.
+    All,
+    /// The seed's ring over u64 ids.
+    Baseline,
+    /// The seed's ring over the ids' 16-byte hashes.
+    #[value(name = "baseline128")]
+    Baseline128,
+    /// `stile_guest::Shard`.
+    Native,
+    /// The embedded component in wasmtime.
+    Wasm,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::All => "all",
+            Mode::Baseline => "baseline",
+            Mode::Baseline128 => "baseline128",
+            Mode::Native => "native",
+            Mode::Wasm => "wasm",
+        }
+    }
+
+    fn is_cache(self) -> bool {
+        matches!(self, Mode::Native | Mode::Wasm)
+    }
+}
+
 /// Events per second of simulated time.
 const RATE: u64 = 100_000;
 const WINDOW_SECS: u64 = 60;
@@ -256,9 +325,18 @@ impl Run {
     }
 }
 
-/// The seed's ring over u64 ids, or (`wide`) over the ids' 16-byte hashes,
-/// hashed outside the timed part as for the cache.
-fn run_baseline(events: u64, wide: bool) -> Run {
+/// The ids the seed's ring holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BaselineIds {
+    /// The workload's u64 ids, as the seed holds them.
+    U64,
+    /// The ids' 16-byte hashes, the key the cache holds: hashed outside the
+    /// timed part, as for the cache.
+    Hashes,
+}
+
+/// The seed's ring over `ids`.
+fn run_baseline(events: u64, ids: BaselineIds) -> Run {
     let mut narrow = DedupWindow::<u64>::new(1, WINDOW_SECS as usize);
     let mut wide_window = DedupWindow::<u128>::new(1, WINDOW_SECS as usize);
     let mut workload = Workload::new(events);
@@ -268,7 +346,7 @@ fn run_baseline(events: u64, wide: bool) -> Run {
     let mut run = Run::default();
     while workload.fill(&mut slice, BASELINE_SLICE) {
         verdicts.clear();
-        if wide {
+        if ids == BaselineIds::Hashes {
             let start = Instant::now();
             hashes.clear();
             for event in &slice {
@@ -395,14 +473,11 @@ fn memory() -> (u64, u64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn measure(mode: &str, flush: usize, runs: usize, events: u64) -> Value {
+/// Runs one mode (not `all`) `runs` times in this process, and answers its
+/// figures as the JSON object `all` reads back.
+fn measure(mode: Mode, flush: usize, runs: usize, events: u64) -> Value {
     let (_, rss_start) = memory();
-    if mode == "wasm" {
+    if mode == Mode::Wasm {
         // Compiled before `rss_ready`, so that the runtime's own memory is
         // measured apart from the cache's.
         component::engine();
@@ -413,21 +488,22 @@ fn measure(mode: &str, flush: usize, runs: usize, events: u64) -> Value {
     for _ in 0..runs {
         let (wall_start, cpu_start) = (Instant::now(), on_cpu());
         let mut run = match mode {
-            "baseline" => run_baseline(events, false),
-            "baseline128" => run_baseline(events, true),
-            "native" => run_cache(&mut Shard::new(CONFIG), events, flush),
+            Mode::Baseline => run_baseline(events, BaselineIds::U64),
+            Mode::Baseline128 => run_baseline(events, BaselineIds::Hashes),
+            Mode::Native => run_cache(&mut Shard::new(CONFIG), events, flush),
             // Checked after every call: a trapped instance answers like an
             // empty cache, which would make the figures lie.
-            "wasm" => run_cache(&mut HealthyShard::new(CONFIG), events, flush),
-            other => panic!("unknown mode {other}"),
+            Mode::Wasm => run_cache(&mut HealthyShard::new(CONFIG), events, flush),
+            Mode::All => unreachable!("`all` runs each mode in a process of its own"),
         };
         let cpu = on_cpu().saturating_sub(cpu_start);
         // Without schedstat (no such file), wall time is all there is.
         run.cpu_share = if cpu.is_zero() { 1.0 } else { (cpu.as_secs_f64() / wall_start.elapsed().as_secs_f64()).min(1.0) };
         peaks.push(memory().0);
         eprintln!(
-            "  {mode}{}: {:.1} ns/event on CPU ({:.1} wall, {:.0} % of the wall time on CPU), +{:.1} hashing, peak RSS {:.1} MB",
-            if mode.starts_with("baseline") { String::new() } else { format!(" F={flush}") },
+            "  {}{}: {:.1} ns/event on CPU ({:.1} wall, {:.0} % of the wall time on CPU), +{:.1} hashing, peak RSS {:.1} MB",
+            mode.name(),
+            if mode.is_cache() { format!(" F={flush}") } else { String::new() },
             run.per_event(run.timed),
             run.timed.as_nanos() as f64 / run.events as f64,
             run.cpu_share * 100.0,
@@ -443,21 +519,20 @@ fn measure(mode: &str, flush: usize, runs: usize, events: u64) -> Value {
         }
         results.push(run);
     }
-    let ns = median(results.iter().map(|run| run.per_event(run.timed)).collect());
-    let wall_ns = median(results.iter().map(|run| run.timed.as_nanos() as f64 / run.events as f64).collect());
-    let hash_ns = median(results.iter().map(|run| run.per_event(run.hashing)).collect());
-    let steady_ns = median(
-        results.iter().map(|run| run.steady.as_nanos() as f64 * run.cpu_share / run.steady_events.max(1) as f64).collect(),
-    );
-    let plan_ns = median(results.iter().map(|run| run.per_event(run.planning)).collect());
+    let ns = median(results.iter().map(|run| run.per_event(run.timed)));
+    let wall_ns = median(results.iter().map(|run| run.timed.as_nanos() as f64 / run.events as f64));
+    let hash_ns = median(results.iter().map(|run| run.per_event(run.hashing)));
+    let steady_ns =
+        median(results.iter().map(|run| run.steady.as_nanos() as f64 * run.cpu_share / run.steady_events.max(1) as f64));
+    let plan_ns = median(results.iter().map(|run| run.per_event(run.planning)));
     let run = &results[0];
     // The peak of the first run: later runs reuse memory the allocator kept.
     let peak = peaks[0];
     let s = run.stats;
-    let cache = mode == "native" || mode == "wasm";
+    let cache = mode.is_cache();
     let negatives = s.hashes_checked.saturating_sub(s.local_hits);
     json!({
-        "mode": mode,
+        "mode": mode.name(),
         "flush": if cache { json!(flush) } else { Value::Null },
         "runs": runs,
         "events": run.events,
@@ -466,7 +541,7 @@ fn measure(mode: &str, flush: usize, runs: usize, events: u64) -> Value {
         "ns_all_runs": results.iter().map(|run| run.per_event(run.timed)).collect::<Vec<_>>(),
         "wall_ns_per_event": wall_ns,
         "cpu_shares": results.iter().map(|run| run.cpu_share).collect::<Vec<_>>(),
-        "hash_ns_per_event": if mode == "baseline" { Value::Null } else { json!(hash_ns) },
+        "hash_ns_per_event": if mode == Mode::Baseline { Value::Null } else { json!(hash_ns) },
         "plan_ns_per_event": if cache { json!(plan_ns) } else { Value::Null },
         "record_ns_per_event": if cache { json!(ns - plan_ns) } else { Value::Null },
         "duplicates": run.duplicates,
@@ -506,12 +581,19 @@ fn measure(mode: &str, flush: usize, runs: usize, events: u64) -> Value {
 
 fn all(runs: usize, events: u64) {
     let exe = std::env::current_exe().expect("this binary's path");
-    let modes: [(&str, usize); 6] =
-        [("baseline", 0), ("baseline128", 0), ("native", 64), ("native", 1_024), ("wasm", 64), ("wasm", 1_024)];
+    let modes: [(Mode, usize); 6] = [
+        (Mode::Baseline, 0),
+        (Mode::Baseline128, 0),
+        (Mode::Native, 64),
+        (Mode::Native, 1_024),
+        (Mode::Wasm, 64),
+        (Mode::Wasm, 1_024),
+    ];
     let mut rows: Vec<Value> = Vec::new();
     let started = Instant::now();
     let load_before = load_average();
     for (mode, flush) in modes {
+        let mode = mode.name();
         eprintln!("{mode} F={flush} ...");
         let output = Command::new(&exe)
             .args([mode, "--flush", &flush.max(1).to_string(), "--runs", &runs.to_string(), "--events", &events.to_string()])
@@ -531,29 +613,16 @@ fn all(runs: usize, events: u64) {
     );
 }
 
-/// The machine's load average, to judge how quiet it was.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 fn print_table(rows: &[Value], runs: usize, events: u64) {
     let f = |row: &Value, key: &str| row[key].as_f64().unwrap_or(f64::NAN);
     let u = |row: &Value, key: &str| row[key].as_u64().unwrap_or(0);
     let baseline = rows.iter().find(|row| row["mode"] == "baseline");
     let native = |flush: u64| rows.iter().find(|row| row["mode"] == "native" && row["flush"] == flush);
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines().find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned()))
-        })
-        .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "\nseed 004 workload: {events} events, {RATE} events/s simulated, {WINDOW_SECS} s window, {REDELIVERY_PERCENT} % redeliveries \
-         (ids first seen 1-{} s earlier); median of {runs} run(s); {cores} cores, {cpu}\n",
-        REDELIVERY_SPAN_SECS + 1
+         (ids first seen 1-{} s earlier); median of {runs} run(s); {}\n",
+        REDELIVERY_SPAN_SECS + 1,
+        machine()
     );
     println!(
         "| mode        |     F | ns/event | steady ns | +hash ns | vs baseline | vs native | peak RSS MB | held at peak | RSS B/held | cache B/hash | FPR/probe | exact checks/fresh | duplicates | mismatches |"
@@ -624,30 +693,24 @@ fn details(row: &Value) -> String {
     keys.iter().filter(|key| !row[**key].is_null()).map(|key| format!("{key}={}", row[*key])).collect::<Vec<_>>().join(" ")
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mode = args.first().map(String::as_str).unwrap_or("all").to_owned();
-    let option = |name: &str, default: u64| -> u64 {
-        args.iter()
-            .position(|arg| arg == name)
-            .and_then(|at| args.get(at + 1))
-            .map_or(default, |value| value.parse().unwrap_or_else(|_| panic!("{name} takes a number")))
-    };
-    let runs = option("--runs", 3) as usize;
-    let events = option("--events", EVENTS);
-    let flush = option("--flush", 1_024) as usize;
-    match mode.as_str() {
-        "all" => all(runs, events),
-        "baseline" | "baseline128" | "native" | "wasm" => {
-            let row = measure(&mode, flush, runs, events);
-            println!("RESULT {row}");
-            print_table(std::slice::from_ref(&row), runs, events);
-        }
-        other => {
-            eprintln!(
-                "usage: cache_bench [all|baseline|baseline128|native|wasm] [--flush F] [--runs N] [--events N]; unknown mode {other}"
-            );
-            std::process::exit(2);
-        }
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn the_flags_are_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    /// `all` starts each mode as `cache_bench MODE --flush F --runs N --events N`.
+    #[test]
+    fn a_mode_takes_the_flags_all_passes_it() {
+        let args =
+            Args::try_parse_from(["cache_bench", "baseline128", "--flush", "64", "--runs", "1", "--events", "1000"]).unwrap();
+        assert_eq!((args.mode, args.flush, args.runs, args.events), (Mode::Baseline128, 64, 1, 1_000));
+        let defaults = Args::try_parse_from(["cache_bench"]).unwrap();
+        assert_eq!((defaults.mode, defaults.flush, defaults.runs, defaults.events), (Mode::All, 1_024, 3, 10_000_000));
     }
 }

@@ -1,6 +1,10 @@
 //! A benchmark stopped by hand cleans up after itself: the load generator,
 //! sent SIGTERM in the middle of a measurement, drops its database and exits
 //! 130, instead of leaving a database of a million messages behind.
+//!
+//! Needs PostgreSQL (as every test of `stile-tests` does) and a built `stile`
+//! binary beside the test (`cargo build --release -p stile`), which the load
+//! generator starts.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

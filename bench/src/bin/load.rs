@@ -3,11 +3,11 @@
 //! holds a million hashes; several gateway configurations side by side.
 //!
 //! ```text
-//! cargo build --release -p stile -p stile-tests --bin stile --bin load
-//! ./target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] \
+//! cargo build --release -p stile -p stile-bench --bin stile --bin load
+//! target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] \
 //!     [--sizes 1,10,100] [--warmup 1] [--secs 4] [--retry-percent 10] \
 //!     [--configs warm,native,off,cold] [--rounds 7] [--sync off|on] \
-//!     [--client-threads 1] [--pg-set NAME=VALUE ...]
+//!     [--client-threads 1] [--fresh-gateways off|on] [--pg-set NAME=VALUE ...]
 //! ```
 //!
 //! The database is a fresh `stile_t_<random>` on the server named by
@@ -40,19 +40,105 @@
 //! a fresh request `queued`; anything else is counted as a wrong answer.
 //! Throughput counts every answered item (retries included); latency is per
 //! request, from sending it to the end of its response body.
+//!
+//! Ctrl-C or SIGTERM stops a run cleanly: its gateways are stopped, its
+//! database is dropped, and it exits 130 (`bench/tests/interrupt.rs`).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use clap::{CommandFactory as _, Parser};
 use hyper::Method;
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::json;
 use stile::db::config_to_url;
+use stile_bench::{Switch, count, load_average, machine, median, run_to_end, seconds, server_version};
 use stile_tests::cpu::{context_switches, cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
-use stile_tests::pg::{TestDb, backend_pids, unless_interrupted};
+use stile_tests::pg::{TestDb, backend_pids};
+
+/// HTTP throughput and latency of the stile gateway, in several
+/// configurations measured in turns against a window of a million hashes.
+#[derive(Debug, Parser)]
+#[command(
+    name = "load",
+    about = "HTTP throughput and latency of the stile gateway: warm cache (wasm and native), dedup off, cache off",
+    after_help = "Environment: STILE_TEST_DATABASE_URL names the PostgreSQL server the run creates its database on \
+                  (default: libpq's defaults and the PG* variables); STILE_BIN the stile binary to run (default: the \
+                  one beside this program). Ctrl-C or SIGTERM stops a run, drops its database and exits 130."
+)]
+struct Args {
+    /// Connections pushing at once, one task each.
+    #[arg(long, default_value = "32", value_parser = count::<usize>)]
+    conns: usize,
+    /// Partitions of each configuration's queue; each request goes to one of them at random.
+    #[arg(long, default_value = "64", value_parser = count::<usize>)]
+    partitions: usize,
+    /// Messages (hashes) in each queue's window before anything is measured, spread over its partitions.
+    #[arg(long, default_value = "1000000", value_parser = count::<usize>)]
+    prefill: usize,
+    /// Items per request, comma-separated: every batch size is measured in turn.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100", value_parser = count::<usize>)]
+    sizes: Vec<usize>,
+    /// Seconds each measurement pushes before its figures count.
+    #[arg(long, default_value = "1", value_parser = seconds)]
+    warmup: f64,
+    /// Seconds each measurement counts.
+    #[arg(long, default_value = "4", value_parser = seconds)]
+    secs: f64,
+    /// Percent of the requests that re-send an earlier request of the same connection, byte for byte.
+    #[arg(long, default_value = "10", value_parser = count::<u32>)]
+    retry_percent: u32,
+    /// Gateway configurations, comma-separated: warm (wasm engine), native (native engine), off (window 0), cold (--cache-mb 0).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "warm,native,off,cold")]
+    configs: Vec<Config>,
+    /// Turns per batch size (at least 1): in round r every configuration is measured once, starting at the list's
+    /// r-th, so that none always runs first or last. The comparisons use the medians of each round's ratios.
+    #[arg(long, default_value = "7", value_parser = count::<usize>)]
+    rounds: usize,
+    /// `synchronous_commit` of the benchmark database.
+    #[arg(long, value_enum, default_value = "off")]
+    sync: Switch,
+    /// Worker threads of the generator's tokio runtime.
+    #[arg(long, default_value = "1", value_parser = count::<usize>)]
+    client_threads: usize,
+    /// Whether every round starts (and primes) new gateway processes, so that whatever state one process settles
+    /// into is not carried through every round of a run.
+    #[arg(long, value_enum, default_value = "off")]
+    fresh_gateways: Switch,
+    /// A further setting of the benchmark database (`ALTER DATABASE ... SET NAME = 'VALUE'`); repeatable.
+    #[arg(long = "pg-set", value_name = "NAME=VALUE", value_parser = pg_setting)]
+    pg_settings: Vec<(String, String)>,
+}
+
+fn main() {
+    let mut args = Args::parse();
+    if args.conns == 0 || args.partitions == 0 || args.secs == 0.0 {
+        Args::command()
+            .error(clap::error::ErrorKind::ValueValidation, "nothing to run: --conns, --partitions and --secs must be above 0")
+            .exit();
+    }
+    args.rounds = args.rounds.max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.client_threads.max(1))
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    run_to_end("load", "its gateways are stopped and its database dropped", runtime, run(args));
+}
+
+/// A `--pg-set` value: a setting's name (lower-case letters, `_` and `.`,
+/// as PostgreSQL's own and extensions' settings are named, which keeps it
+/// safe to splice into `ALTER DATABASE`) and its value.
+fn pg_setting(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text.split_once('=').ok_or_else(|| format!("NAME=VALUE, got {text:?}"))?;
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '.') {
+        return Err(format!("not a setting name: {name:?}"));
+    }
+    Ok((name.to_owned(), value.to_owned()))
+}
 
 /// Items per prefill request, and connections pushing them.
 const PREFILL_BATCH: usize = 10_000;
@@ -60,7 +146,7 @@ const PREFILL_CONNECTIONS: usize = 8;
 /// Requests a connection remembers for retries.
 const HISTORY: usize = 64;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Config {
     Warm,
     Native,
@@ -69,16 +155,6 @@ enum Config {
 }
 
 impl Config {
-    fn parse(s: &str) -> Config {
-        match s {
-            "warm" => Config::Warm,
-            "native" => Config::Native,
-            "off" => Config::Off,
-            "cold" => Config::Cold,
-            other => panic!("unknown configuration {other:?} (warm, native, off, cold)"),
-        }
-    }
-
     fn name(self) -> &'static str {
         match self {
             Config::Warm => "warm (wasm)",
@@ -119,103 +195,6 @@ impl Config {
     }
 }
 
-#[derive(Debug)]
-struct Args {
-    conns: usize,
-    partitions: usize,
-    prefill: usize,
-    sizes: Vec<usize>,
-    warmup: f64,
-    secs: f64,
-    retry_percent: u32,
-    configs: Vec<Config>,
-    /// Turns per batch size: in round `r` every configuration is measured
-    /// once, starting at the list's `r`-th, so that none always runs first
-    /// or last. The comparisons use the medians of each round's ratios.
-    rounds: usize,
-    sync: bool,
-    client_threads: usize,
-    /// Whether every round starts (and primes) new gateway processes, so
-    /// that whatever state one process settles into is not carried through
-    /// every round of a run.
-    fresh_gateways: bool,
-    /// Settings of the benchmark database (`ALTER DATABASE ... SET`).
-    pg_settings: Vec<(String, String)>,
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        conns: 32,
-        partitions: 64,
-        prefill: 1_000_000,
-        sizes: vec![1, 10, 100],
-        warmup: 1.0,
-        secs: 4.0,
-        retry_percent: 10,
-        configs: vec![Config::Warm, Config::Native, Config::Off, Config::Cold],
-        rounds: 7,
-        sync: false,
-        client_threads: 1,
-        fresh_gateways: false,
-        pg_settings: Vec::new(),
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let number =
-        |flag: &str, v: &str| -> f64 { v.replace('_', "").parse().unwrap_or_else(|_| panic!("{flag}: not a number: {v:?}")) };
-    let mut i = 0;
-    while i < argv.len() {
-        let flag = argv[i].as_str();
-        if flag == "--help" || flag == "-h" {
-            println!(
-                "load [--conns 32] [--partitions 64] [--prefill 1000000] [--sizes 1,10,100] [--warmup 1] [--secs 4] \
-                 [--retry-percent 10] [--configs warm,native,off,cold] [--rounds 7] [--sync off|on] \
-                 [--client-threads 1] [--fresh-gateways off|on] [--pg-set NAME=VALUE ...]"
-            );
-            std::process::exit(0);
-        }
-        let v = argv.get(i + 1).map(String::as_str).unwrap_or_else(|| panic!("{flag} needs a value"));
-        match flag {
-            "--conns" => a.conns = number(flag, v) as usize,
-            "--partitions" => a.partitions = number(flag, v) as usize,
-            "--prefill" => a.prefill = number(flag, v) as usize,
-            "--sizes" => a.sizes = v.split(',').map(|s| number(flag, s) as usize).collect(),
-            "--warmup" => a.warmup = number(flag, v),
-            "--secs" => a.secs = number(flag, v),
-            "--retry-percent" => a.retry_percent = number(flag, v) as u32,
-            "--configs" => a.configs = v.split(',').map(Config::parse).collect(),
-            "--rounds" => a.rounds = (number(flag, v) as usize).max(1),
-            "--sync" => a.sync = v == "on",
-            "--client-threads" => a.client_threads = number(flag, v) as usize,
-            "--fresh-gateways" => a.fresh_gateways = v == "on",
-            "--pg-set" => {
-                let (name, value) = v.split_once('=').unwrap_or_else(|| panic!("--pg-set NAME=VALUE, got {v:?}"));
-                assert!(
-                    !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '.'),
-                    "--pg-set: not a setting name: {name:?}"
-                );
-                a.pg_settings.push((name.to_owned(), value.to_owned()));
-            }
-            other => panic!("unknown argument {other:?} (try --help)"),
-        }
-        i += 2;
-    }
-    assert!(a.conns > 0 && a.partitions > 0 && !a.sizes.is_empty() && a.secs > 0.0, "nothing to run: {a:?}");
-    a
-}
-
-fn main() {
-    let args = parse_args();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.client_threads.max(1))
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    if !runtime.block_on(unless_interrupted(run(args))) {
-        eprintln!("load: interrupted; its gateways are stopped and its database dropped");
-        std::process::exit(130);
-    }
-}
-
 /// One gateway process per configuration, each primed: its pool opens its
 /// connections and, dedup on, its cache hydrates every partition.
 async fn start_gateways(t: &TestDb, pg: &tokio_postgres::Client, args: &Args, size: usize) -> Vec<(Config, Gateway)> {
@@ -238,7 +217,7 @@ async fn start_gateways(t: &TestDb, pg: &tokio_postgres::Client, args: &Args, si
 /// messages each partition holds.
 async fn prepare(t: &TestDb, args: &Args) -> i64 {
     let c = t.client().await;
-    let sync = if args.sync { "on" } else { "off" };
+    let sync = args.sync.name();
     c.batch_execute(&format!("ALTER DATABASE \"{}\" SET synchronous_commit = {sync}", t.name()))
         .await
         .expect("set synchronous_commit");
@@ -325,20 +304,27 @@ impl Tally {
     }
 }
 
-/// One connection's loop: fresh batches and retries until `end`; only
-/// requests sent at or after `measure_from` and answered by `end` count.
-#[allow(clippy::too_many_arguments)]
-async fn connection(
-    mut client: Client,
+/// What one connection pushes, and when its answers count.
+#[derive(Debug)]
+struct Connection {
     queue: &'static str,
+    /// Names the connection: it seeds its random choices and prefixes its
+    /// transactionIds, so that no two connections or runs share an id.
     tag: String,
     partitions: usize,
     size: usize,
     retry_percent: u32,
+    /// Whether the queue deduplicates: a retry must then answer
+    /// `duplicate` for every item, and otherwise `queued`.
     dedup: bool,
     measure_from: Instant,
     end: Instant,
-) -> Tally {
+}
+
+/// One connection's loop: fresh batches and retries until `end`; only
+/// requests sent at or after `measure_from` and answered by `end` count.
+async fn connection(mut client: Client, plan: Connection) -> Tally {
+    let Connection { queue, tag, partitions, size, retry_percent, dedup, measure_from, end } = plan;
     let mut rng = SmallRng::seed_from_u64(tag.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))));
     let mut history: Vec<Bytes> = Vec::with_capacity(HISTORY);
     let mut tally = Tally::default();
@@ -422,17 +408,6 @@ struct Measured {
     size: usize,
     round: usize,
     figures: Figures,
-}
-
-/// The median of what is not NaN (NaN if nothing is).
-fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| !v.is_nan());
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }
 
 /// One measured run's figures.
@@ -525,17 +500,17 @@ async fn measure(
     let mut tasks = Vec::with_capacity(args.conns);
     for (c, client) in clients.into_iter().enumerate() {
         let tag = format!("{label}-s{size}-c{c}");
-        tasks.push(tokio::spawn(connection(
-            client,
-            config.queue(),
+        let plan = Connection {
+            queue: config.queue(),
             tag,
-            args.partitions,
+            partitions: args.partitions,
             size,
-            args.retry_percent,
-            config.dedup(),
+            retry_percent: args.retry_percent,
+            dedup: config.dedup(),
             measure_from,
             end,
-        )));
+        };
+        tasks.push(tokio::spawn(connection(client, plan)));
     }
     tokio::time::sleep_until(measure_from.into()).await;
     // After the warm-up: the gateway's pool has opened its connections.
@@ -574,14 +549,6 @@ async fn measure(
     }
 }
 
-/// The 1, 5 and 15 minute load averages (Linux), for the record: the
-/// figures mean little on a machine that was busy with something else.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".to_owned())
-}
-
 async fn run(args: Args) {
     let started = Instant::now();
     eprintln!("load: {args:?}");
@@ -598,14 +565,14 @@ async fn run(args: Args) {
         prepare_started.elapsed().as_secs_f64()
     );
     let c = t.client().await;
-    let version: String = c.query_one("SHOW server_version", &[]).await.expect("server version").get(0);
+    let version = server_version(&c).await;
 
     let mut gateways = start_gateways(&t, &c, &args, args.sizes[0]).await;
     let slice = Slice { warmup: args.warmup, secs: args.secs };
     let mut results: Vec<Measured> = Vec::new();
     for (s, &size) in args.sizes.iter().enumerate() {
         for round in 0..args.rounds {
-            if args.fresh_gateways && (s, round) != (0, 0) {
+            if args.fresh_gateways.is_on() && (s, round) != (0, 0) {
                 drop(gateways);
                 gateways = start_gateways(&t, &c, &args, size).await;
             }
@@ -641,11 +608,10 @@ async fn run(args: Args) {
     }
     drop(gateways);
 
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!();
     println!(
         "stile over HTTP: {} connections, {} partitions, {} % retries, window prefilled with {} hashes, \
-         {} s warm-up + {} s measured per row, synchronous_commit={}, PostgreSQL {version}, {cpus} CPUs, \
+         {} s warm-up + {} s measured per row, synchronous_commit={}, PostgreSQL {version}, {}, \
          load average {load_at_start} at the start and {} at the end{}",
         args.conns,
         args.partitions,
@@ -653,7 +619,8 @@ async fn run(args: Args) {
         per_partition * args.partitions as i64,
         args.warmup,
         args.secs,
-        if args.sync { "on" } else { "off" },
+        args.sync.name(),
+        machine(),
         load_average(),
         args.pg_settings.iter().map(|(name, value)| format!(", {name}={value}")).collect::<String>(),
     );
@@ -687,10 +654,9 @@ async fn run(args: Args) {
     let rate = |config: Config, size: usize, round: usize| {
         results.iter().find(|m| m.config == config && m.size == size && m.round == round).map_or(f64::NAN, |m| m.figures.rate)
     };
-    let median_rate = |config: Config, size: usize| median((0..args.rounds).map(|r| rate(config, size, r)).collect());
+    let median_rate = |config: Config, size: usize| median((0..args.rounds).map(|r| rate(config, size, r)));
     // Each round's own ratio: the two configurations measured seconds apart.
-    let paired =
-        |a: Config, b: Config, size: usize| median((0..args.rounds).map(|r| rate(a, size, r) / rate(b, size, r)).collect());
+    let paired = |a: Config, b: Config, size: usize| median((0..args.rounds).map(|r| rate(a, size, r) / rate(b, size, r)));
     println!();
     println!("Median messages/s over {} round(s):", args.rounds);
     println!();
@@ -725,4 +691,37 @@ async fn run(args: Args) {
     );
     drop(c);
     drop(t);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flags_are_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn lists_are_comma_separated_and_settings_repeat() {
+        let args = Args::try_parse_from([
+            "load",
+            "--sizes",
+            "1,1_0,1e2",
+            "--configs",
+            "off,warm",
+            "--pg-set",
+            "work_mem=8MB",
+            "--pg-set",
+            "jit=off",
+        ])
+        .unwrap();
+        assert_eq!(args.sizes, [1, 10, 100]);
+        assert_eq!(args.configs, [Config::Off, Config::Warm]);
+        assert_eq!(args.pg_settings, [("work_mem".to_owned(), "8MB".to_owned()), ("jit".to_owned(), "off".to_owned())]);
+        let defaults = Args::try_parse_from(["load"]).unwrap();
+        assert_eq!(defaults.sizes, [1, 10, 100]);
+        assert_eq!(defaults.configs, [Config::Warm, Config::Native, Config::Off, Config::Cold]);
+        assert_eq!((defaults.conns, defaults.partitions, defaults.prefill, defaults.rounds), (32, 64, 1_000_000, 7));
+    }
 }

@@ -2,8 +2,8 @@
 //! the plain alternative, at several segment sizes and window sizes.
 //!
 //! ```text
-//! cargo run --release -p stile-tests --bin sql_bench -- \
-//!     [--sizes 1,10,100] [--windows 0,100000,1000000] [--conns 2] \
+//! cargo build --release -p stile-bench --bin sql_bench
+//! target/release/sql_bench [--sizes 1,10,100] [--windows 0,100000,1000000] [--conns 2] \
 //!     [--secs 1.5] [--reps 3] [--sync off|on] [--modes forced,vouched,retry,window0,plain]
 //! ```
 //!
@@ -29,21 +29,67 @@
 //! vacuumed), so the window holds W hashes when each repetition starts. The
 //! figures are medians over the repetitions, in messages per second.
 //!
-//! The database is a fresh `stile_bench_<random>` on the server named by
-//! `STILE_TEST_DATABASE_URL` (default: libpq defaults), dropped at the end.
+//! The database is a fresh `stile_t_<random>` on the server named by
+//! `STILE_TEST_DATABASE_URL` (default: libpq's defaults), dropped at the end,
+//! also when Ctrl-C or SIGTERM stops the run (which then exits 130).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use serde_json::{Value, json};
 use stile::db::{ClockFloor, ConfigureMode, Db, ProbeMode, SegmentOutcome, SegmentPush};
 use stile::payload::Payload;
+use stile_bench::{Switch, count, load_average, machine, median, run_to_end, seconds, server_version};
 use stile_tests::cpu::cpu_seconds;
-use stile_tests::pg::{TestDb, backend_pids, connect, unless_interrupted};
+use stile_tests::pg::{TestDb, backend_pids, connect};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// The push function's throughput and server CPU per message, by probe
+/// mode, segment size and window size, against a plain unique index.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sql_bench",
+    about = "Throughput of stile's push function (probe forced, vouched, a retry, window 0) against a plain unique index",
+    after_help = "Environment: STILE_TEST_DATABASE_URL names the PostgreSQL server the run creates its database on \
+                  (default: libpq's defaults and the PG* variables). Ctrl-C or SIGTERM stops a run, drops its \
+                  database and exits 130."
+)]
+struct Args {
+    /// Messages per segment, comma-separated: every size is measured in turn.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100", value_parser = count::<usize>)]
+    sizes: Vec<usize>,
+    /// Hashes each partition's window holds before a run, comma-separated (and keys per partition in the plain
+    /// table's unique index).
+    #[arg(long, value_delimiter = ',', default_value = "0,100000,1000000", value_parser = count::<usize>)]
+    windows: Vec<usize>,
+    /// Connections, each pushing to a partition of its own.
+    #[arg(long, default_value = "2", value_parser = count::<usize>)]
+    conns: usize,
+    /// Seconds each mode runs per repetition.
+    #[arg(long, default_value = "1.5", value_parser = seconds)]
+    secs: f64,
+    /// Repetitions of every mode at every window and segment size; the figures are their medians.
+    #[arg(long, default_value = "3", value_parser = count::<usize>)]
+    reps: usize,
+    /// `synchronous_commit` of the benchmark's sessions.
+    #[arg(long, value_enum, default_value = "off")]
+    sync: Switch,
+    /// What to run, comma-separated: forced (p_verified -1: the full-window probe), vouched (p_verified at the
+    /// allocator: no probe), retry (each vouched push sent again, floored as a warm cache floors a local hit),
+    /// window0 (the queue's window 0), plain (a table with a unique index).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "forced,vouched,retry,window0,plain")]
+    modes: Vec<Mode>,
+}
+
+fn main() {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a tokio runtime");
+    run_to_end("sql_bench", "its database is dropped", runtime, run(args));
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 enum Mode {
     Forced,
     Vouched,
@@ -62,71 +108,6 @@ impl Mode {
             Mode::Plain => "plain",
         }
     }
-
-    fn parse(s: &str) -> Mode {
-        match s {
-            "forced" => Mode::Forced,
-            "vouched" => Mode::Vouched,
-            "retry" => Mode::Retry,
-            "window0" => Mode::Window0,
-            "plain" => Mode::Plain,
-            other => panic!("unknown mode {other:?}"),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Args {
-    sizes: Vec<usize>,
-    windows: Vec<usize>,
-    conns: usize,
-    secs: f64,
-    reps: usize,
-    sync: bool,
-    modes: Vec<Mode>,
-}
-
-fn list<T: std::str::FromStr>(s: &str) -> Vec<T>
-where
-    T::Err: std::fmt::Debug,
-{
-    s.split(',').filter(|p| !p.is_empty()).map(|p| p.trim().replace('_', "").parse().expect("a number")).collect()
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        sizes: vec![1, 10, 100],
-        windows: vec![0, 100_000, 1_000_000],
-        conns: 2,
-        secs: 1.5,
-        reps: 3,
-        sync: false,
-        modes: vec![Mode::Forced, Mode::Vouched, Mode::Retry, Mode::Window0, Mode::Plain],
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let value = argv.get(i + 1).cloned().unwrap_or_default();
-        match argv[i].as_str() {
-            "--sizes" => a.sizes = list(&value),
-            "--windows" => a.windows = list(&value),
-            "--conns" => a.conns = value.parse().expect("--conns N"),
-            "--secs" => a.secs = value.parse().expect("--secs S"),
-            "--reps" => a.reps = value.parse().expect("--reps N"),
-            "--sync" => a.sync = value == "on",
-            "--modes" => a.modes = value.split(',').map(Mode::parse).collect(),
-            "--help" | "-h" => {
-                println!(
-                    "sql_bench [--sizes 1,10,100] [--windows 0,100000,1000000] [--conns 2] \
-                     [--secs 1.5] [--reps 3] [--sync off|on] [--modes forced,vouched,retry,window0,plain]"
-                );
-                std::process::exit(0);
-            }
-            other => panic!("unknown argument {other:?} (try --help)"),
-        }
-        i += 2;
-    }
-    a
 }
 
 const PREFILL_ROW: i64 = 4096;
@@ -347,35 +328,18 @@ fn fast_id() -> uuid::Uuid {
     uuid::Uuid::from_u128(rand::random::<u128>())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-}
-
 fn fmt_rate(r: f64) -> String {
     if r.is_nan() { "-".into() } else { format!("{:.0}", r) }
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let args = parse_args();
-    if !unless_interrupted(run(args)).await {
-        eprintln!("sql_bench: interrupted; its database is dropped");
-        std::process::exit(130);
-    }
-}
-
 async fn run(args: Args) {
     let started = Instant::now();
+    let load_at_start = load_average();
     eprintln!("sql_bench: {args:?}");
     let t = TestDb::with_pool(args.conns).await;
     eprintln!("sql_bench: database {}", t.name());
     let mut cfg = t.config().clone();
-    if !args.sync {
+    if !args.sync.is_on() {
         cfg.options("-c synchronous_commit=off");
     }
     let mut push_cfg = cfg.clone();
@@ -393,7 +357,7 @@ async fn run(args: Args) {
     for _ in 0..args.conns {
         plain_clients.push(Arc::new(connect(&cfg).await.unwrap()));
     }
-    let version: String = plain_clients[0].query_one("SHOW server_version", &[]).await.unwrap().get(0);
+    let version = server_version(&plain_clients[0]).await;
 
     // (window, size, mode) -> rates
     let mut rates: BTreeMap<(usize, usize, Mode), Vec<f64>> = BTreeMap::new();
@@ -454,16 +418,18 @@ async fn run(args: Args) {
     // tables' columns: forced, vouched, retry, window 0, plain.
     let medians = |table: &BTreeMap<(usize, usize, Mode), Vec<f64>>, w: usize, s: usize| -> [f64; 5] {
         [Mode::Forced, Mode::Vouched, Mode::Retry, Mode::Window0, Mode::Plain]
-            .map(|m| table.get(&(w, s, m)).map(|v| median(v.clone())).unwrap_or(f64::NAN))
+            .map(|m| table.get(&(w, s, m)).map_or(f64::NAN, |v| median(v.iter().copied())))
     };
     println!();
     println!(
         "Throughput, messages/s: median of {} runs of {:.1} s, {} connections on distinct partitions, one segment per call, \
-         synchronous_commit={}, PostgreSQL {version}.",
+         synchronous_commit={}, PostgreSQL {version}, {}, load average {load_at_start} at the start and {} at the end.",
         args.reps,
         args.secs,
         args.conns,
-        if args.sync { "on" } else { "off" }
+        args.sync.name(),
+        machine(),
+        load_average()
     );
     println!();
     println!(
@@ -511,4 +477,28 @@ async fn run(args: Args) {
     drop(plain_clients);
     drop(db);
     drop(t);
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn the_flags_are_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn lists_are_comma_separated() {
+        let args =
+            Args::try_parse_from(["sql_bench", "--windows", "0,100_000", "--modes", "vouched,retry", "--sync", "on"]).unwrap();
+        assert_eq!(args.windows, [0, 100_000]);
+        assert_eq!(args.modes, [Mode::Vouched, Mode::Retry]);
+        assert!(args.sync.is_on());
+        let defaults = Args::try_parse_from(["sql_bench"]).unwrap();
+        assert_eq!((defaults.sizes, defaults.windows), (vec![1, 10, 100], vec![0, 100_000, 1_000_000]));
+        assert_eq!(defaults.modes, [Mode::Forced, Mode::Vouched, Mode::Retry, Mode::Window0, Mode::Plain]);
+    }
 }

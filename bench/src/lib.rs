@@ -1,0 +1,136 @@
+//! What stile's benchmark programs (`load`, `sql_bench`, `cache_bench`)
+//! share: the forms their flags take, the median they report, the record of
+//! the machine they ran on, and how a run stopped by hand ends.
+//!
+//! Their results, and the command that made each, are in `bench/<name>/RESULTS.md`.
+
+use std::future::Future;
+
+use stile_tests::pg::unless_interrupted;
+
+/// The value of a flag that turns something off or on, written as the
+/// results pages quote the commands (`--sync on`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    Off,
+    On,
+}
+
+impl Switch {
+    pub fn is_on(self) -> bool {
+        self == Switch::On
+    }
+
+    /// The flag's value as written, for a run's printed summary.
+    pub fn name(self) -> &'static str {
+        match self {
+            Switch::Off => "off",
+            Switch::On => "on",
+        }
+    }
+}
+
+/// Parses a whole number as the benchmarks' flags take it: `_` may group
+/// its digits (`1_000_000`), and a number written in any form a float takes
+/// counts if it is whole (`1e6`), since commands are typed by hand.
+pub fn count<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
+    let digits = text.trim().replace('_', "");
+    let n = match digits.parse::<u64>() {
+        Ok(n) => n,
+        Err(_) => match digits.parse::<f64>() {
+            Ok(x) if x >= 0.0 && x.fract() == 0.0 && x < u64::MAX as f64 => x as u64,
+            _ => return Err(format!("not a whole number: {text:?}")),
+        },
+    };
+    T::try_from(n).map_err(|_| format!("too large: {text:?}"))
+}
+
+/// Parses a duration in seconds (`1.5`; `_` may group digits), which must
+/// not be negative.
+pub fn seconds(text: &str) -> Result<f64, String> {
+    match text.trim().replace('_', "").parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Ok(secs),
+        _ => Err(format!("not a number of seconds: {text:?}")),
+    }
+}
+
+/// The median of the values that are not NaN, NaN if none is: a
+/// measurement that did not run leaves a gap in a table, not a panic.
+pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.into_iter().filter(|v| !v.is_nan()).collect();
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// The machine a run is measured on, as its printed summary records it:
+/// the cores this process may use and the processor's model (Linux).
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
+        info.lines().find_map(|line| line.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned()))
+    });
+    match model {
+        Some(model) => format!("{cores} cores, {model}"),
+        None => format!("{cores} cores"),
+    }
+}
+
+/// The 1, 5 and 15 minute load averages (Linux), for the record: the
+/// figures mean little on a machine that was busy with something else.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// The server's version, for a run's printed summary.
+pub async fn server_version(client: &tokio_postgres::Client) -> String {
+    client.query_one("SHOW server_version", &[]).await.expect("read the server's version").get(0)
+}
+
+/// Runs a benchmark on `runtime` to its end. Stopped by Ctrl-C or SIGTERM,
+/// it drops `work`, and with it the database and gateway processes the run
+/// owns, says so (`cleaned` is what was cleaned up) and exits 130, so that
+/// a run stopped by hand leaves nothing behind.
+pub fn run_to_end(program: &str, cleaned: &str, runtime: tokio::runtime::Runtime, work: impl Future<Output = ()>) {
+    if !runtime.block_on(unless_interrupted(work)) {
+        eprintln!("{program}: interrupted; {cleaned}");
+        std::process::exit(130);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_take_grouped_digits_and_whole_floats() {
+        assert_eq!(count::<usize>("1_000_000"), Ok(1_000_000));
+        assert_eq!(count::<usize>("1e6"), Ok(1_000_000));
+        assert_eq!(count::<u32>(" 10 "), Ok(10));
+        assert!(count::<usize>("1.5").is_err());
+        assert!(count::<usize>("-1").is_err());
+        assert!(count::<u32>("5000000000").is_err());
+        assert!(count::<usize>("").is_err());
+    }
+
+    #[test]
+    fn seconds_are_not_negative() {
+        assert_eq!(seconds("0.2"), Ok(0.2));
+        assert_eq!(seconds("1_0"), Ok(10.0));
+        assert!(seconds("-1").is_err());
+        assert!(seconds("inf").is_err());
+    }
+
+    #[test]
+    fn the_median_skips_what_did_not_run() {
+        assert_eq!(median([3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median([4.0, 1.0, f64::NAN, 2.0, 3.0]), 2.5);
+        assert!(median([f64::NAN]).is_nan());
+        assert!(median([]).is_nan());
+    }
+}
