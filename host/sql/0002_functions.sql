@@ -273,29 +273,29 @@ BEGIN
                 -- transaction), set by one PL/pgSQL expression (a PERFORM
                 -- would execute a statement). No JIT: the planner prices the
                 -- probe by guesswork (it cannot know how many hashes a row
-                -- holds) and would spend 150-250 ms compiling a query that
-                -- needs less. No merge join: it would sort every unnested
+                -- holds) and would spend far longer compiling the probe than
+                -- running it. No merge join: it would sort every unnested
                 -- hash together with its row's whole hashes value (64 KiB
                 -- per 4,096-hash row), gigabytes on disk for a large window;
                 -- the hash join builds on the segment's few hashes instead.
                 -- And one plan per connection: the default plan cache mode
-                -- planned the probe afresh on every call (no generic
-                -- estimate of an offset range looks as cheap as a narrowed
-                -- one), 0.2 ms, twice what running a retry's narrowed probe
-                -- costs. The plan does not depend on the values: the offset
-                -- range is its one index condition (the window's bound is
-                -- applied above the fence below), and the join builds on the
-                -- segment's hashes. A generic plan is made from whatever the
-                -- statistics say when a connection first probes (a table
-                -- just bulk-loaded or reset can look empty, and a sequential
-                -- scan of every partition's rows then looks cheapest), so
-                -- sequential scans are off for it, and the range is bounded
-                -- on both sides (the allocator above excludes nothing), which
-                -- prices it as narrow: its index is then always end_offset's.
-                -- Sorts are off too: priced as narrow, the one-row read below
-                -- was once planned as a bitmap scan of the whole span sorted
-                -- for its first row (180,000 rows read for one retry); without
-                -- a sort, the index's own order stops at the first row.
+                -- plans the probe afresh on every call (no generic estimate
+                -- of an offset range looks as cheap as a narrowed one), which
+                -- costs more than running a retry's narrowed probe. The plan
+                -- does not depend on the values: the offset range is its one
+                -- index condition (the window's bound is applied above the
+                -- fence below), and the join builds on the segment's hashes.
+                -- A generic plan is made from whatever the statistics say
+                -- when a connection first probes (a table just bulk-loaded
+                -- or reset can look empty, and a sequential scan of every
+                -- partition's rows then looks cheapest), so sequential scans
+                -- are off for it, and the range is bounded on both sides (the
+                -- allocator above excludes nothing), which prices it as
+                -- narrow: its index is then always end_offset's. Sorts are
+                -- off too: priced as narrow, the one-row read below could be
+                -- planned as a bitmap scan of the whole span sorted for its
+                -- first row; without a sort, the index's own order stops at
+                -- the first row.
                 v_settings := set_config('jit', 'off', true) || set_config('enable_mergejoin', 'off', true)
                               || set_config('plan_cache_mode', 'force_generic_plan', true)
                               || set_config('enable_seqscan', 'off', true) || set_config('enable_sort', 'off', true);
@@ -341,9 +341,8 @@ BEGIN
                     -- at most an arrival step below the original: those few
                     -- hashes are looked for in the segment, rather than the
                     -- segment's hashes each in the rows' whole bytes (a
-                    -- byte search costs its haystack's length: a floor 15
-                    -- hashes into a row of 100 made this check read that
-                    -- row 96 times, most of what a retry of 100 cost).
+                    -- byte search costs its haystack's length, so that
+                    -- would read a row once for every hash of the segment).
                     IF FOUND AND v_count > 4 AND v_first_base > v_from + 1 THEN
                         -- (Any byte match counts here, aligned or not: it can
                         -- only send the segment to the full span.)
@@ -381,19 +380,17 @@ BEGIN
                                 v_off := v_off || (v_first_base + v_run + j);
                             END LOOP;
                         ELSIF v_run >= 0 THEN
-                            -- (Two series as arrays, in their order: at 100
-                            -- hashes a quarter of what aggregating them
-                            -- with ORDER BY cost, a sort each.)
+                            -- (Two series as arrays, already in their order:
+                            -- aggregating them with ORDER BY would sort each.)
                             SELECT ARRAY(SELECT generate_series(0, v_count - 1)),
                                    ARRAY(SELECT generate_series(v_first_base + v_run, v_first_base + v_run + v_count - 1))
                               INTO v_idx, v_off;
                         ELSIF v_count <= 16 THEN
                             -- Each hash's first occurrence in the row by a
                             -- byte search, a few PL/pgSQL expressions each
-                            -- (no statement to execute: at 10 hashes half
-                            -- the cost of the join below); a miss or an
-                            -- unaligned match leaves the segment to the full
-                            -- span.
+                            -- (no statement to execute, cheaper than the join
+                            -- below at this size); a miss or an unaligned
+                            -- match leaves the segment to the full span.
                             v_idx := '{}';
                             v_off := '{}';
                             FOR j IN 0 .. v_count - 1 LOOP
