@@ -533,7 +533,8 @@ impl<'s, C: DedupCache, M: FnMut(ShardConfig) -> C> Driver<'s, C, M> {
             // cache's judgement of age: after PostgreSQL's clock stepped back
             // beyond the slack, unseen, hashes the cache rightly expired are
             // inside the window again, and the push function probes them.
-            if self.hosts[index].in_sync && self.push_honours_vouches() {
+            let unseen_step_back = self.clocks.db_stepped_back_unseen && !self.push_honours_vouches();
+            if self.hosts[index].in_sync && !unseen_step_back {
                 if plan.local_hits.is_empty() {
                     ensure!(
                         p == log.last_offset,
