@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
@@ -28,6 +28,7 @@ use crate::api::{self, BadRequest};
 use crate::db::{ConfigureError, DbError, StoredMessage};
 use crate::gateway::{Gateway, PushResult};
 use crate::hash::txn_hash;
+use crate::intake::{Held, Intake};
 use crate::shard::PushFailure;
 
 /// Limits and access control of the HTTP layer.
@@ -46,6 +47,8 @@ pub struct HttpConfig {
 pub struct App {
     pub gateway: Gateway,
     pub config: HttpConfig,
+    /// The bound on the bytes requests in progress hold.
+    pub intake: Intake,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -126,8 +129,9 @@ impl From<PushFailure> for Failure {
 }
 
 async fn push(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
-    let body = read_body(request, app.config.body_limit).await?;
+    let (body, _held) = read_body(app, request).await?;
     let items = api::parse_push(&body, app.config.max_items)?;
+    drop(body);
     let results = app.gateway.push(items).await?;
     let entries: Vec<PushEntry<'_>> = results.iter().enumerate().map(|(index, r)| PushEntry::new(index, r)).collect();
     Ok(json_reply(StatusCode::CREATED, &entries))
@@ -163,7 +167,7 @@ impl<'a> PushEntry<'a> {
 }
 
 async fn configure(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
-    let body = read_body(request, app.config.body_limit).await?;
+    let (body, _held) = read_body(app, request).await?;
     let request = api::parse_configure(&body)?;
     let mode = match request.mode {
         api::ConfigureMode::Merge => crate::db::ConfigureMode::Merge,
@@ -241,19 +245,30 @@ async fn health(app: &App) -> Result<Reply, Failure> {
 }
 
 fn metrics(app: &App) -> Reply {
+    app.gateway.metrics().publish_intake(app.intake.held_bytes(), app.intake.limit_bytes());
     let mut reply = Response::new(Full::new(Bytes::from(app.gateway.metrics().render())));
     reply.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     reply
 }
 
-async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, Failure> {
-    match Limited::new(request.into_body(), limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(BadRequest::too_large(format!("body: exceeds the limit of {limit} bytes")).into())
-        }
-        Err(error) => Err(BadRequest::new(format!("body: could not be read ({error})")).into()),
+/// Reads a body within the limit, once the intake has room for it. A body
+/// whose declared length is over the limit is refused before anything waits
+/// or is read.
+async fn read_body(app: &App, request: Request<Incoming>) -> Result<(Bytes, Held), Failure> {
+    let limit = app.config.body_limit;
+    let too_large = || Failure::from(BadRequest::too_large(format!("body: exceeds the limit of {limit} bytes")));
+    let declared = request.body().size_hint().exact().and_then(|n| usize::try_from(n).ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
     }
+    let mut held = app.intake.admit(declared.unwrap_or(limit)).await;
+    let body = match Limited::new(request.into_body(), limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
+        Err(error) => return Err(BadRequest::new(format!("body: could not be read ({error})")).into()),
+    };
+    held.shrink_to(&app.intake, body.len());
+    Ok((body, held))
 }
 
 fn query(request: &Request<Incoming>) -> HashMap<String, String> {

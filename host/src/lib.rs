@@ -15,6 +15,7 @@ pub mod fusion;
 pub mod gateway;
 pub mod hash;
 pub mod http;
+pub mod intake;
 pub mod metrics;
 pub mod payload;
 pub mod server;

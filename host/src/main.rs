@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use stile::cache::EngineKind;
 use stile::http::HttpConfig;
 use stile::server::{ServeConfig, serve};
+use stile::shard::WorkerConfig;
 
 /// Every request allocates and frees small buffers (bodies, names,
 /// transactionIds, per-message outcomes) on whichever tokio worker runs it. With glibc's
@@ -58,9 +59,19 @@ struct ServeArgs {
     /// Require `Authorization: Bearer <token>` on /api/*.
     #[arg(long, env = "STILE_BEARER_TOKEN")]
     bearer_token: Option<String>,
-    /// Connections in the PostgreSQL pool.
+    /// Connections in the PostgreSQL pool of reads, configures and partition
+    /// lookups (each shard has a pool of its own for its bundles).
     #[arg(long, env = "STILE_POOL_SIZE", default_value_t = 16)]
     pool_size: usize,
+    /// Bundles each shard keeps in flight at once. Pushes that arrive
+    /// meanwhile join the next bundle, so fewer, fuller bundles commit.
+    #[arg(long, env = "STILE_BUNDLES_IN_FLIGHT", default_value_t = WorkerConfig::default().max_in_flight)]
+    bundles_in_flight: usize,
+    /// Most MiB that requests in progress may hold; past it, new requests
+    /// wait with their bodies unread. Default: a quarter of the cache budget,
+    /// and at least 64.
+    #[arg(long, env = "STILE_MAX_HELD_MB")]
+    max_held_mb: Option<u64>,
     /// Seconds between retention purges.
     #[arg(long, env = "STILE_PURGE_SECONDS", default_value_t = 60)]
     purge_seconds: u64,
@@ -87,6 +98,8 @@ fn main() -> std::process::ExitCode {
         engine: args.engine,
         http: HttpConfig { body_limit: args.body_limit, max_items: args.max_items, bearer_token: args.bearer_token },
         pool_size: args.pool_size,
+        bundles_in_flight: args.bundles_in_flight,
+        max_held_bytes: args.max_held_mb.unwrap_or((args.cache_mb / 4).max(64)).saturating_mul(1 << 20),
         purge_every: Duration::from_secs(args.purge_seconds.max(1)),
         inject_guest_traps_per_million: args.inject_guest_traps_per_million,
         inject_instance_refusals: args.inject_instance_refusals,

@@ -56,6 +56,9 @@ pub struct Metrics {
     clock_offset: Gauge<f64, AtomicU64>,
     clock_steps_back: Counter,
     vouches_refused: Counter,
+    held_request_bytes: Gauge,
+    held_request_bytes_limit: Gauge,
+    requests_waited_for_room: Counter,
 }
 
 impl Metrics {
@@ -79,6 +82,9 @@ impl Metrics {
             clock_offset: Gauge::default(),
             clock_steps_back: Counter::default(),
             vouches_refused: Counter::default(),
+            held_request_bytes: Gauge::default(),
+            held_request_bytes_limit: Gauge::default(),
+            requests_waited_for_room: Counter::default(),
         };
         {
             let mut r = metrics.registry.lock().expect("not poisoned");
@@ -114,6 +120,21 @@ impl Metrics {
                 "vouches_refused",
                 "Segments whose cache vouch the push function refused, its clock being behind the time the cache judged age by",
                 metrics.vouches_refused.clone(),
+            );
+            r.register(
+                "held_request_bytes",
+                "Bytes held by requests in progress, as the intake charges them (body, parsed items, answer)",
+                metrics.held_request_bytes.clone(),
+            );
+            r.register(
+                "held_request_bytes_limit",
+                "The most bytes requests in progress may hold (--max-held-mb); past it, requests wait unread",
+                metrics.held_request_bytes_limit.clone(),
+            );
+            r.register(
+                "requests_waited_for_room",
+                "Requests that found the intake full and waited, their bodies unread, for room",
+                metrics.requests_waited_for_room.clone(),
             );
             r.register(
                 "process_resident_memory_bytes",
@@ -178,6 +199,17 @@ impl Metrics {
 
     pub fn vouch_refused(&self) {
         self.vouches_refused.inc();
+    }
+
+    /// The counter the intake counts its waiting requests in.
+    pub fn requests_waited_for_room(&self) -> Counter {
+        self.requests_waited_for_room.clone()
+    }
+
+    /// Publishes what requests in progress hold, and the limit.
+    pub fn publish_intake(&self, held_bytes: usize, limit_bytes: usize) {
+        self.held_request_bytes.set(i64::try_from(held_bytes).unwrap_or(i64::MAX));
+        self.held_request_bytes_limit.set(i64::try_from(limit_bytes).unwrap_or(i64::MAX));
     }
 
     /// Publishes one shard's cache gauges.

@@ -16,6 +16,7 @@ use crate::cache::{EngineKind, ShardCache};
 use crate::db::Db;
 use crate::gateway::Gateway;
 use crate::http::{App, HttpConfig};
+use crate::intake::Intake;
 use crate::metrics::Metrics;
 use crate::shard::{self, DbReading, WorkerConfig};
 use crate::wasm::WasmEngine;
@@ -32,8 +33,12 @@ pub struct ServeConfig {
     pub cache_mb: u64,
     pub engine: EngineKind,
     pub http: HttpConfig,
-    /// Connections in the PostgreSQL pool.
+    /// Connections in the pool of reads, configures and partition lookups.
     pub pool_size: usize,
+    /// Bundles each shard keeps in flight at once.
+    pub bundles_in_flight: usize,
+    /// The most bytes requests in progress may hold.
+    pub max_held_bytes: u64,
     /// How often retention runs.
     pub purge_every: Duration,
     /// Guest calls per million that trap (fault tests only).
@@ -70,8 +75,12 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
         let cache = ShardCache::new(config.engine, engine.as_ref(), cache_config)?;
         // A budget of 0 disables the cache: the guest's recent-use guard
         // would otherwise keep every busy partition's entry past it.
-        let shard_config = WorkerConfig { hydrate: config.cache_mb > 0, ..WorkerConfig::default() };
-        let (handle, worker) = shard::spawn(id, cache, db.clone(), metrics.clone(), shard_config, first);
+        let shard_config = WorkerConfig {
+            hydrate: config.cache_mb > 0,
+            max_in_flight: config.bundles_in_flight.max(1),
+            ..WorkerConfig::default()
+        };
+        let (handle, worker) = shard::spawn(id, cache, &db, metrics.clone(), shard_config, first)?;
         handles.push(handle);
         workers.push(worker);
     }
@@ -86,13 +95,14 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
         config.engine
     );
     let purge = tokio::spawn(purge_loop(db.clone(), config.purge_every));
-    let app = Arc::new(App { gateway: Gateway::new(db, handles, metrics), config: config.http.clone() });
+    let intake = Intake::new(usize::try_from(config.max_held_bytes).unwrap_or(usize::MAX), metrics.requests_waited_for_room());
+    let app = Arc::new(App { gateway: Gateway::new(db, handles, metrics), config: config.http.clone(), intake });
     accept_until(listener, app, shutdown).await;
     purge.abort();
     // The App (and with it every shard handle) is gone once the connections
     // have closed; the workers then finish their in-flight flushes and stop.
     for worker in workers {
-        let _ = worker.await;
+        worker.join().await;
     }
     tracing::info!("stile stopped");
     Ok(())

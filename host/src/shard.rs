@@ -91,6 +91,9 @@ impl Default for WorkerConfig {
     }
 }
 
+/// Connections of a shard's pool beyond one per bundle in flight.
+pub const HYDRATION_CONNECTIONS: usize = 2;
+
 /// A reading of PostgreSQL's clock: what it said, and when the answer
 /// arrived.
 #[derive(Clone, Copy, Debug)]
@@ -130,23 +133,32 @@ pub struct PartitionPushRequest {
     pub messages: Vec<Message>,
 }
 
-/// Starts a shard worker; it runs until every handle is dropped and its
-/// in-flight work is done.
+/// Starts a shard worker on a thread of its own; it runs until every handle
+/// is dropped and its in-flight work is done.
+///
+/// The worker's guest calls block its thread (a hydration of a large window
+/// takes milliseconds, a runaway guest up to its deadline), so it has a
+/// current-thread runtime of its own and never runs on the HTTP runtime's
+/// workers. Its round trips to PostgreSQL go through a pool of its own,
+/// opened on that thread, so their I/O is driven there too: a connection for
+/// each bundle in flight and [`HYDRATION_CONNECTIONS`] more, so that
+/// hydrations do not wait for bundles.
+///
 /// `first` is a reading of PostgreSQL's clock to start the cache's clock from.
 pub fn spawn(
     id: usize,
     cache: ShardCache,
-    db: Db,
+    db: &Db,
     metrics: Arc<Metrics>,
     config: WorkerConfig,
     first: DbReading,
-) -> (ShardHandle, tokio::task::JoinHandle<()>) {
+) -> anyhow::Result<(ShardHandle, ShardThread)> {
     let (tx, rx) = mpsc::channel(1024);
     let clock = DbClock::new(first.db_ms, 0, cache.config().skew_slack_ms);
     let worker = Worker {
         id,
         cache,
-        db,
+        db: db.with_own_pool(config.max_in_flight + HYDRATION_CONNECTIONS)?,
         metrics,
         config,
         partitions: HashMap::new(),
@@ -156,8 +168,26 @@ pub fn spawn(
         mono_origin: first.received,
         in_flight: FuturesUnordered::new(),
     };
-    let task = tokio::spawn(worker.run(rx));
-    (ShardHandle { tx }, task)
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let thread = std::thread::Builder::new().name(format!("stile-shard-{id}")).spawn(move || runtime.block_on(worker.run(rx)))?;
+    Ok((ShardHandle { tx }, ShardThread { thread }))
+}
+
+/// A running shard worker's thread.
+#[derive(Debug)]
+pub struct ShardThread {
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ShardThread {
+    /// Waits, off the async workers, for the worker to finish: it does once
+    /// every [`ShardHandle`] is gone and its in-flight work is done.
+    pub async fn join(self) {
+        let thread = self.thread;
+        if let Ok(Err(panic)) = tokio::task::spawn_blocking(move || thread.join()).await {
+            tracing::error!(?panic, "a shard worker panicked");
+        }
+    }
 }
 
 struct Worker {

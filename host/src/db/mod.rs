@@ -290,21 +290,20 @@ impl Db {
         if pool_size == 0 {
             return Err(DbError::Config("the pool size must be at least 1".into()));
         }
-        let manager = Manager::from_config(
-            config.clone(),
-            tokio_postgres::NoTls,
-            ManagerConfig { recycling_method: RecyclingMethod::Fast },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(10)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .recycle_timeout(Some(Duration::from_secs(5)))
-            .build()
-            .map_err(|e| DbError::Config(e.to_string()))?;
-        drop(pool.get().await?);
-        Ok(Db { pool, config })
+        let db = Db { pool: build_pool(&config, pool_size)?, config };
+        drop(db.pool.get().await?);
+        Ok(db)
+    }
+
+    /// A pool of its own, of `pool_size` connections to the same database,
+    /// opened on first use. A connection's I/O runs on the runtime that
+    /// opened it, so a shard worker on a thread of its own keeps its
+    /// round trips on that thread.
+    pub fn with_own_pool(&self, pool_size: usize) -> Result<Db, DbError> {
+        if pool_size == 0 {
+            return Err(DbError::Config("the pool size must be at least 1".into()));
+        }
+        Ok(Db { pool: build_pool(&self.config, pool_size)?, config: self.config.clone() })
     }
 
     /// The connection string in use, keyword/value form, password hidden.
@@ -626,4 +625,18 @@ fn stored_message(row: &tokio_postgres::Row) -> Result<StoredMessage, DbError> {
         payload,
         created_ms: row.try_get(4)?,
     })
+}
+
+/// A pool of up to `pool_size` connections, none opened yet.
+fn build_pool(config: &tokio_postgres::Config, pool_size: usize) -> Result<Pool, DbError> {
+    let manager =
+        Manager::from_config(config.clone(), tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager)
+        .max_size(pool_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(10)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .recycle_timeout(Some(Duration::from_secs(5)))
+        .build()
+        .map_err(|e| DbError::Config(e.to_string()))
 }
