@@ -6,6 +6,8 @@
 
 use std::future::Future;
 
+pub mod pgbench;
+
 use stile_tests::pg::unless_interrupted;
 
 /// The value of a flag that turns something off or on, written as the

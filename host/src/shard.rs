@@ -75,7 +75,10 @@ pub struct PartitionPush {
 pub struct WorkerConfig {
     /// Most messages in one segment.
     pub max_segment: usize,
-    /// Most bundles (and hydrations) one shard keeps in flight.
+    /// Most bundles one shard keeps in flight. What arrives meanwhile waits
+    /// and joins the next bundle: one bundle in flight makes the fullest
+    /// bundles (each a transaction and a commit), which is what PostgreSQL's
+    /// CPU per message depends on (bench/load/RESULTS.md).
     pub max_in_flight: usize,
     /// How often idle partitions are expired and gauges published.
     pub housekeeping: Duration,
@@ -87,7 +90,7 @@ pub struct WorkerConfig {
 
 impl Default for WorkerConfig {
     fn default() -> WorkerConfig {
-        WorkerConfig { max_segment: 4096, max_in_flight: 4, housekeeping: Duration::from_secs(1), hydrate: true }
+        WorkerConfig { max_segment: 4096, max_in_flight: 1, housekeeping: Duration::from_secs(1), hydrate: true }
     }
 }
 
@@ -167,6 +170,7 @@ pub fn spawn(
         clock,
         mono_origin: first.received,
         in_flight: FuturesUnordered::new(),
+        bundles_in_flight: 0,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let thread = std::thread::Builder::new().name(format!("stile-shard-{id}")).spawn(move || runtime.block_on(worker.run(rx)))?;
@@ -203,7 +207,10 @@ struct Worker {
     clock: DbClock,
     /// Where the monotonic milliseconds the clock counts start.
     mono_origin: Instant,
+    /// Bundles and hydrations in flight.
     in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
+    /// The bundles among them.
+    bundles_in_flight: usize,
 }
 
 #[derive(Debug)]
@@ -343,7 +350,7 @@ impl Worker {
 
     /// Sends every ready partition's next segment as one bundle.
     fn flush_ready(&mut self) {
-        if self.in_flight.len() >= self.config.max_in_flight {
+        if self.bundles_in_flight >= self.config.max_in_flight {
             return;
         }
         let mut segments: Vec<InFlight> = Vec::new();
@@ -369,6 +376,7 @@ impl Worker {
         segments.sort_by_key(|s| s.partition_id);
         let PlannedBundle { segments, pushes, clock_floor } = self.plan(segments);
         let db = self.db.clone();
+        self.bundles_in_flight += 1;
         self.in_flight.push(Box::pin(async move {
             let started = Instant::now();
             let result = db.push_bundle(clock_floor, &pushes).await;
@@ -458,6 +466,7 @@ impl Worker {
     fn complete(&mut self, done: Done) {
         match done {
             Done::Bundle { segments, clock_floor, result, sql, received } => {
+                self.bundles_in_flight -= 1;
                 self.metrics.sql_call(sql);
                 match result {
                     Ok(outcomes) => {

@@ -18,6 +18,17 @@ pub fn postgres_pids() -> Vec<i32> {
         .collect()
 }
 
+/// CPU seconds used so far by every PostgreSQL server process, those that
+/// have exited included: a backend's time passes to the postmaster's reaped
+/// children when it ends, so the postmasters' children's time counts too.
+/// For workloads whose backends come and go (pgbench's).
+pub fn postgres_cpu_seconds() -> f64 {
+    let pids = postgres_pids();
+    let live = cpu_seconds(&pids);
+    let reaped: u64 = pids.iter().filter(|&&pid| is_postmaster(pid)).map(|&pid| stat_fields(pid, &[13, 14])).sum();
+    live + reaped as f64 / 100.0
+}
+
 /// Context switches on the whole machine since boot (`ctxt` of `/proc/stat`).
 pub fn context_switches() -> u64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -25,11 +36,22 @@ pub fn context_switches() -> u64 {
 }
 
 fn ticks(pid: i32) -> u64 {
+    stat_fields(pid, &[11, 12])
+}
+
+/// The sum of fields of `/proc/<pid>/stat`, counted from the first after the
+/// parenthesised command name (utime and stime, fields 14 and 15 of the
+/// whole line, are 11 and 12; cutime and cstime 13 and 14).
+fn stat_fields(pid: i32, which: &[usize]) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are
-    // fields 14 and 15 of the whole line.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-    field(11) + field(12)
+    which.iter().map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0)).sum()
+}
+
+/// A postmaster: a postgres process whose parent is not one.
+fn is_postmaster(pid: i32) -> bool {
+    let parent = stat_fields(pid, &[1]);
+    let parent = i32::try_from(parent).unwrap_or(0);
+    std::fs::read_to_string(format!("/proc/{parent}/comm")).map_or(true, |comm| comm.trim() != "postgres")
 }

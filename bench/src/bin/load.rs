@@ -54,6 +54,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::json;
 use stile::db::config_to_url;
+use stile_bench::pgbench::{PeerFigures, Pgbench};
 use stile_bench::{Switch, count, load_average, machine, median, run_to_end, seconds, server_version};
 use stile_tests::cpu::{context_switches, cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
@@ -108,6 +109,11 @@ struct Args {
     /// into is not carried through every round of a run.
     #[arg(long, value_enum, default_value = "off")]
     fresh_gateways: Switch,
+    /// PostgreSQL alone, measured in every round beside the gateways: pgbench running the prepared
+    /// `INSERT … ON CONFLICT DO NOTHING RETURNING` a team would write instead, on a table of the same size, with
+    /// the same batches and retries, at each of these client counts (the best of them counts); empty for none.
+    #[arg(long, value_delimiter = ',', default_value = "16,64", value_parser = count::<usize>)]
+    peer_clients: Vec<usize>,
     /// A further setting of the benchmark database (`ALTER DATABASE ... SET NAME = 'VALUE'`); repeatable.
     #[arg(long = "pg-set", value_name = "NAME=VALUE", value_parser = pg_setting)]
     pg_settings: Vec<(String, String)>,
@@ -567,6 +573,12 @@ async fn run(args: Args) {
     let c = t.client().await;
     let version = server_version(&c).await;
 
+    let peer = if args.peer_clients.is_empty() {
+        None
+    } else {
+        Some(Pgbench::prepare(&c, t.config(), args.partitions, per_partition as usize).await)
+    };
+    let mut peer_results: Vec<(usize, usize, PeerFigures)> = Vec::new();
     let mut gateways = start_gateways(&t, &c, &args, args.sizes[0]).await;
     let slice = Slice { warmup: args.warmup, secs: args.secs };
     let mut results: Vec<Measured> = Vec::new();
@@ -603,6 +615,16 @@ async fn run(args: Args) {
                     figures.switches_per_message
                 );
                 results.push(Measured { config: *config, size, round, figures });
+            }
+            if let Some(peer) = &peer {
+                for &clients in &args.peer_clients {
+                    let figures = peer.run(clients, size, args.retry_percent, args.secs);
+                    eprintln!(
+                        "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  mean latency {:.2} ms  ({clients} clients; CPU ms per 1,000 messages: PostgreSQL {:.1})",
+                        "PostgreSQL alone (pgbench)", figures.rate, figures.latency_ms, figures.postgres_cpu_ms_per_k
+                    );
+                    peer_results.push((size, round, figures));
+                }
             }
         }
     }
@@ -681,6 +703,9 @@ async fn run(args: Args) {
         };
         println!("| {size} | {} | {} | {} |", cell(Config::Off), cell(Config::Cold), cell(Config::Native));
     }
+    if peer.is_some() {
+        print_peer(&args, &results, &peer_results);
+    }
     let wrong: u64 = results.iter().map(|m| m.figures.wrong).sum();
     let errors: u64 = results.iter().map(|m| m.figures.errors).sum();
     println!();
@@ -691,6 +716,46 @@ async fn run(args: Args) {
     );
     drop(c);
     drop(t);
+}
+
+/// The gateways against PostgreSQL alone: per batch size, pgbench's best
+/// client count in each round, and each configuration's ratio to it (the
+/// median of the rounds' own ratios).
+fn print_peer(args: &Args, results: &[Measured], peer: &[(usize, usize, PeerFigures)]) {
+    let best = |size: usize, round: usize| {
+        peer.iter().filter(|(s, r, _)| *s == size && *r == round).map(|(_, _, f)| *f).max_by(|a, b| a.rate.total_cmp(&b.rate))
+    };
+    println!();
+    println!(
+        "Against PostgreSQL alone (pgbench, prepared INSERT … ON CONFLICT DO NOTHING RETURNING, no HTTP, the best of {:?} \
+         clients in each round; the median of the rounds' own ratios):",
+        args.peer_clients
+    );
+    println!();
+    println!(
+        "| batch | PostgreSQL alone msg/s | its CPU ms per 1,000 | {} |",
+        args.configs.iter().map(|c| format!("{} / alone", c.name())).collect::<Vec<_>>().join(" | ")
+    );
+    println!("|---:|---:|---:|{}", "---:|".repeat(args.configs.len()));
+    for &size in &args.sizes {
+        let alone = median((0..args.rounds).map(|r| best(size, r).map_or(f64::NAN, |f| f.rate)));
+        let cpu = median((0..args.rounds).map(|r| best(size, r).map_or(f64::NAN, |f| f.postgres_cpu_ms_per_k)));
+        let ratios: Vec<String> = args
+            .configs
+            .iter()
+            .map(|&config| {
+                let ratio = median((0..args.rounds).map(|r| {
+                    let rate = results
+                        .iter()
+                        .find(|m| m.config == config && m.size == size && m.round == r)
+                        .map_or(f64::NAN, |m| m.figures.rate);
+                    rate / best(size, r).map_or(f64::NAN, |f| f.rate)
+                }));
+                format!("{ratio:.2}")
+            })
+            .collect();
+        println!("| {size} | {alone:.0} | {cpu:.1} | {} |", ratios.join(" | "));
+    }
 }
 
 #[cfg(test)]
