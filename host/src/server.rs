@@ -117,6 +117,15 @@ fn redacted_url(url: &str) -> String {
     }
 }
 
+/// The most a connection reads ahead of its handler. hyper's buffer grows
+/// to 400 KiB on a connection that carries large bodies, and holds its
+/// capacity (filled with the next body's first bytes) while the request
+/// waits for the intake: thousands of waiting connections would hold
+/// gigabytes outside the intake's bound. At 16 KiB, 4,096 waiting
+/// connections hold 64 MiB; a body is read in 16 KiB steps, and no header
+/// section may be larger.
+const READ_BUFFER_BYTES: usize = 16 << 10;
+
 async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -133,7 +142,8 @@ async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Futur
                 let _ = stream.set_nodelay(true);
                 let app = app.clone();
                 let service = service_fn(move |request| crate::http::handle(app.clone(), request, peer));
-                let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                let connection =
+                    http1::Builder::new().max_buf_size(READ_BUFFER_BYTES).serve_connection(TokioIo::new(stream), service);
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
                     if let Err(error) = connection.await {

@@ -308,6 +308,8 @@ pub struct GatewayOptions {
     pub inject_guest_traps_per_million: Option<u32>,
     /// Once started, no cache instance can be made again.
     pub inject_instance_refusals: bool,
+    /// `--max-held-mb`: the bound on what requests in progress hold.
+    pub max_held_mb: Option<u64>,
 }
 
 impl GatewayOptions {
@@ -340,6 +342,9 @@ impl GatewayOptions {
         }
         if let Some(per_million) = self.inject_guest_traps_per_million {
             flag("inject-guest-traps-per-million", per_million.to_string());
+        }
+        if let Some(mb) = self.max_held_mb {
+            flag("max-held-mb", mb.to_string());
         }
         if self.inject_instance_refusals {
             args.push("--inject-instance-refusals".to_owned());

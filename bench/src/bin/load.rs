@@ -111,7 +111,7 @@ struct Args {
     fresh_gateways: Switch,
     /// PostgreSQL alone, measured in every round beside the gateways: pgbench running the prepared
     /// `INSERT … ON CONFLICT DO NOTHING RETURNING` a team would write instead, on a table of the same size, with
-    /// the same batches and retries, at each of these client counts (the best of them counts); empty for none.
+    /// the same batches and retries, at each of these client counts (the best of them counts); 0 for none.
     #[arg(long, value_delimiter = ',', default_value = "16,64", value_parser = count::<usize>)]
     peer_clients: Vec<usize>,
     /// A further setting of the benchmark database (`ALTER DATABASE ... SET NAME = 'VALUE'`); repeatable.
@@ -127,6 +127,7 @@ fn main() {
             .exit();
     }
     args.rounds = args.rounds.max(1);
+    args.peer_clients.retain(|&clients| clients > 0);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.client_threads.max(1))
         .enable_all()
