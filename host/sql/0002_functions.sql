@@ -179,6 +179,7 @@ DECLARE
                            -- the segment is a run of it, else -1
     v_row_mids uuid[];     -- that row's message ids
     v_settings text;       -- what set_config answered (unused)
+    v_below bigint;        -- hashes of the rows below that row found in the segment
 BEGIN
     IF v_n = 0 THEN
         RETURN;
@@ -343,7 +344,32 @@ BEGIN
                     -- segment's hashes each in the rows' whole bytes (a
                     -- byte search costs its haystack's length, so that
                     -- would read a row once for every hash of the segment).
-                    IF FOUND AND v_count > 4 AND v_first_base > v_from + 1 THEN
+                    IF FOUND AND v_count > 64 AND v_first_base > v_from + 1 THEN
+                        -- A large segment: a byte search per row hash would
+                        -- cost the segment's length each time (a 4,096-hash
+                        -- retry spent a tenth of a second here), so the rows'
+                        -- hashes above v_from are joined with the segment's
+                        -- on equality instead, by hash, once each (aligned
+                        -- matches only: exactly the earlier occurrences).
+                        -- Counted rather than limited to one: for a LIMIT the
+                        -- planner would pick a nested loop over both lists.
+                        -- (The rows' hashes above v_from are cut once per
+                        -- row, behind the fence.)
+                        SELECT count(*) INTO v_below
+                          FROM (SELECT substring(r.hashes FROM 16 * greatest(v_from + 1 - r.base_offset, 0)::integer + 1)
+                                       AS above
+                                  FROM stile.txns r
+                                 WHERE r.partition_id = v_pid
+                                   AND r.end_offset > v_from
+                                   AND r.end_offset < v_first_base
+                                   AND r.created_at >= v_now - make_interval(secs => v_window)
+                                OFFSET 0) AS b
+                         CROSS JOIN LATERAL stile.unnest_hashes(b.above) AS below
+                          JOIN stile.unnest_hashes(v_hashes) AS mine ON mine.h = below.h;
+                        IF v_below > 0 THEN
+                            v_first_base := NULL;
+                        END IF;
+                    ELSIF FOUND AND v_count > 4 AND v_first_base > v_from + 1 THEN
                         -- (Any byte match counts here, aligned or not: it can
                         -- only send the segment to the full span.)
                         PERFORM 1

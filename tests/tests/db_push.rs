@@ -418,6 +418,33 @@ async fn past_four_hashes_a_row_below_the_tried_one_holding_another_hash_sends_t
 }
 
 #[tokio::test]
+async fn past_sixty_four_hashes_the_rows_below_are_joined_with_the_segment_above_the_floor() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let names: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    let ks: Vec<&str> = names.iter().map(String::as_str).collect();
+    // z at 0, then w1 k99 w2 at 1-3, then all hundred at 4-103: k99 is
+    // stored twice, at 2, inside a row that straddles the floors below.
+    let b = segment(p.id, &ks, -1, 0);
+    let below = segment(p.id, &["w1", "k99", "w2"], -1, 0);
+    let (k99_id, b_ids) = (below.message_ids[1], b.message_ids.clone());
+    store_with_repeats(&t, [segment(p.id, &["z"], -1, 0), below, b]).await;
+    let first_occurrences: Vec<(u32, i64, uuid::Uuid)> =
+        (0..99).map(|i| (i, 4 + i64::from(i), b_ids[i as usize])).chain([(99, 2, k99_id)]).collect();
+    // Floored at 0 and at 1, the row at 1-3 holds k99 above the floor: its
+    // first occurrence is there.
+    for p_verified in [0, 1] {
+        let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &ks, p_verified, 3600)]).await.unwrap();
+        assert_eq!(out[0].probe, ProbeMode::Narrowed);
+        assert_eq!(named(&out[0].duplicates), first_occurrences, "floored at {p_verified}");
+    }
+    // Floored at 2, the copy at 2 is vouched for as older than the floor,
+    // and the row at 4-103 answers alone.
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &ks, 2, 3600)]).await.unwrap();
+    assert_eq!(placed(&out[0].duplicates), (0..100).map(|i| (i, 4 + i64::from(i))).collect::<Vec<_>>());
+}
+
+#[tokio::test]
 async fn a_row_below_the_tried_one_is_searched_above_the_floor_only() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();

@@ -10,9 +10,9 @@
 //! target/release/overload [--conns 32,2048,4096] [--items 1000] [--secs 60]
 //! ```
 //!
-//! One gateway process with its defaults (flags through the `STILE_*`
-//! environment, e.g. `STILE_MAX_HELD_MB`), on a fresh database dropped at the
-//! end. Every connection pushes `--items` messages to one random partition
+//! A gateway process with its defaults (flags through the `STILE_*`
+//! environment, e.g. `STILE_MAX_HELD_MB`) and a queue of its own for each
+//! phase, on a fresh database dropped at the end. Every connection pushes `--items` messages to one random partition
 //! per request and re-sends, byte for byte, `--retry-percent` of its earlier
 //! requests. A request not answered 201 (an error, a 503, no answer) is sent
 //! again until it is; when a phase's time is up, each connection finishes
@@ -83,11 +83,16 @@ async fn run(args: Args) {
     let t = fresh_database().await;
     let pg = t.client().await;
     let version = server_version(&pg).await;
-    let gw = Gateway::start(&t.url()).await;
     let mut phases = Vec::new();
-    for &conns in &args.conns {
-        let phase = phase(&gw, &args, conns).await;
-        let queue = format!("overload-{conns}");
+    for (index, &conns) in args.conns.iter().enumerate() {
+        // A gateway and a queue of its own for each phase: every phase starts
+        // from an empty cache and a fresh process, so that what one phase
+        // left (a full cache budget, the allocator's high-water mark) does
+        // not weigh on the next.
+        let gw = Gateway::start(&t.url()).await;
+        let queue = format!("overload-{index}-{conns}");
+        let phase = phase(&gw, &args, &queue, conns).await;
+        drop(gw);
         let row = pg
             .query_one(
                 "SELECT count(*), count(DISTINCT (partition, transaction_id)) FROM stile.messages WHERE queue = $1",
@@ -99,12 +104,11 @@ async fn run(args: Args) {
         eprintln!("  {phase:?}");
         phases.push(phase);
     }
-    drop(gw);
     let baseline = phases.first().map_or(f64::NAN, |p| p.accepted_per_sec);
     println!();
     println!(
-        "Overload: {} messages per request, {} partitions, {} % retries, {} s per phase, one gateway with its defaults \
-         (STILE_* as set), PostgreSQL {version}, {}",
+        "Overload: {} messages per request, {} partitions, {} % retries, {} s per phase, a fresh gateway with its \
+         defaults (STILE_* as set) for each phase, PostgreSQL {version}, {}",
         args.items,
         args.partitions,
         args.retry_percent,
@@ -141,7 +145,7 @@ async fn run(args: Args) {
 
 /// One phase: `conns` connections for `--secs`, the gateway's memory and
 /// intake sampled every 100 ms.
-async fn phase(gw: &Gateway, args: &Args, conns: usize) -> Phase {
+async fn phase(gw: &Gateway, args: &Args, queue: &str, conns: usize) -> Phase {
     let mut observer = gw.client().await;
     let waited_before = metric(&observer.metrics().await, "stile_requests_waited_for_room_total");
     let start = Instant::now();
@@ -151,7 +155,7 @@ async fn phase(gw: &Gateway, args: &Args, conns: usize) -> Phase {
     let mut tasks = Vec::with_capacity(conns);
     for c in 0..conns {
         let client = gw.client().await;
-        let plan = Plan { queue: format!("overload-{conns}"), tag: format!("c{c}"), end, failed: failed.clone() };
+        let plan = Plan { queue: queue.to_owned(), tag: format!("c{c}"), end, failed: failed.clone() };
         tasks.push(tokio::spawn(connection(client, plan, args.items, args.partitions, args.retry_percent)));
     }
     let sampler = {
