@@ -10,6 +10,25 @@ pub mod pgbench;
 
 use stile_tests::pg::unless_interrupted;
 
+/// A fresh push request of the load generators: `size` items to partition
+/// `p{partition}` of `queue`, transactionIds `{tag}-{seq}-{i}`, payloads of
+/// about 60 bytes. Written into `body`, which is cleared first.
+pub fn write_push_body(body: &mut String, queue: &str, partition: usize, tag: &str, seq: u64, size: usize) {
+    use std::fmt::Write as _;
+    body.clear();
+    body.push_str(r#"{"items":["#);
+    for i in 0..size {
+        if i > 0 {
+            body.push(',');
+        }
+        let _ = write!(
+            body,
+            r#"{{"queue":"{queue}","partition":"p{partition}","transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}}}"#
+        );
+    }
+    body.push_str("]}");
+}
+
 /// The value of a flag that turns something off or on, written as the
 /// results pages quote the commands (`--sync on`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

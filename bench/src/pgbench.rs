@@ -123,6 +123,20 @@ impl Pgbench {
     }
 }
 
+/// Connections the server can still take, a few kept back for the run's own
+/// sessions: pgbench's clients are capped to it, beside the gateways' pools.
+pub async fn room(client: &tokio_postgres::Client) -> usize {
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int \
+                    - (SELECT count(*) FROM pg_stat_activity)::int",
+            &[],
+        )
+        .await
+        .expect("read the server's free connections");
+    usize::try_from(row.get::<_, i32>(0) - 4).unwrap_or(0)
+}
+
 /// pgbench of the server's own installation where it can be found, else the
 /// one on the PATH.
 fn program() -> String {

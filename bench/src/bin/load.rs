@@ -7,7 +7,8 @@
 //! target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] \
 //!     [--sizes 1,10,100] [--warmup 1] [--secs 4] [--retry-percent 10] \
 //!     [--configs warm,native,off,cold] [--rounds 7] [--sync off|on] \
-//!     [--client-threads 1] [--fresh-gateways off|on] [--pg-set NAME=VALUE ...]
+//!     [--client-threads 1] [--fresh-gateways off|on] [--peer-clients 16,64] \
+//!     [--pg-set NAME=VALUE ...]
 //! ```
 //!
 //! The database is a fresh `stile_t_<random>` on the server named by
@@ -41,10 +42,16 @@
 //! Throughput counts every answered item (retries included); latency is per
 //! request, from sending it to the end of its response body.
 //!
+//! In every round, after the gateways, PostgreSQL alone is measured on the
+//! same database (`stile_bench::pgbench`): pgbench with `--peer-clients`
+//! clients each, running the prepared `INSERT … ON CONFLICT DO NOTHING
+//! RETURNING` a team would write instead, on a table prefilled as large as a
+//! window, with the same batches and retries. The best client count of each
+//! round is what every configuration is compared with.
+//!
 //! Ctrl-C or SIGTERM stops a run cleanly: its gateways are stopped, its
 //! database is dropped, and it exits 130 (`bench/tests/interrupt.rs`).
 
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -55,7 +62,7 @@ use rand::{Rng as _, SeedableRng as _};
 use serde_json::json;
 use stile::db::config_to_url;
 use stile_bench::pgbench::{PeerFigures, Pgbench};
-use stile_bench::{Switch, count, load_average, machine, median, run_to_end, seconds, server_version};
+use stile_bench::{Switch, count, load_average, machine, median, run_to_end, seconds, server_version, write_push_body};
 use stile_tests::cpu::{context_switches, cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
 use stile_tests::pg::{TestDb, backend_pids};
@@ -99,8 +106,8 @@ struct Args {
     /// r-th, so that none always runs first or last. The comparisons use the medians of each round's ratios.
     #[arg(long, default_value = "7", value_parser = count::<usize>)]
     rounds: usize,
-    /// `synchronous_commit` of the benchmark database.
-    #[arg(long, value_enum, default_value = "off")]
+    /// `synchronous_commit` of the benchmark database: on, PostgreSQL's default and the durability users run.
+    #[arg(long, value_enum, default_value = "on")]
     sync: Switch,
     /// Worker threads of the generator's tokio runtime.
     #[arg(long, default_value = "1", value_parser = count::<usize>)]
@@ -347,18 +354,7 @@ async fn connection(mut client: Client, plan: Connection) -> Tally {
             history[rng.random_range(0..history.len())].clone()
         } else {
             let partition = rng.random_range(0..partitions);
-            body.clear();
-            body.push_str(r#"{"items":["#);
-            for i in 0..size {
-                if i > 0 {
-                    body.push(',');
-                }
-                let _ = write!(
-                    body,
-                    r#"{{"queue":"{queue}","partition":"p{partition}","transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}}}"#
-                );
-            }
-            body.push_str("]}");
+            write_push_body(&mut body, queue, partition, &tag, seq, size);
             seq += 1;
             Bytes::from(body.clone())
         };
@@ -618,7 +614,12 @@ async fn run(args: Args) {
                 results.push(Measured { config: *config, size, round, figures });
             }
             if let Some(peer) = &peer {
-                for &clients in &args.peer_clients {
+                let room = stile_bench::pgbench::room(&c).await;
+                for &wanted in &args.peer_clients {
+                    let clients = wanted.min(room).max(1);
+                    if clients < wanted {
+                        eprintln!("  PostgreSQL alone: {clients} clients instead of {wanted} (max_connections leaves no more)");
+                    }
                     let figures = peer.run(clients, size, args.retry_percent, args.secs);
                     eprintln!(
                         "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  mean latency {:.2} ms  ({clients} clients; CPU ms per 1,000 messages: PostgreSQL {:.1})",

@@ -18,7 +18,6 @@
 //! again until it is; when a phase's time is up, each connection finishes
 //! the request it has under way, so that every id sent was acknowledged.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -28,7 +27,7 @@ use clap::Parser;
 use hyper::Method;
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
-use stile_bench::{count, machine, run_to_end, seconds, server_version};
+use stile_bench::{count, machine, run_to_end, seconds, server_version, write_push_body};
 use stile_tests::gateway::{Client, Gateway, fresh_database, metric};
 
 #[derive(Debug, Parser)]
@@ -231,17 +230,7 @@ async fn connection(mut client: Client, plan: Plan, items: usize, partitions: us
         } else {
             let partition = rng.random_range(0..partitions);
             let mut text = String::with_capacity(items * 120);
-            text.push_str(r#"{"items":["#);
-            for i in 0..items {
-                if i > 0 {
-                    text.push(',');
-                }
-                let _ = write!(
-                    text,
-                    r#"{{"queue":"{queue}","partition":"p{partition}","transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}}}"#
-                );
-            }
-            text.push_str("]}");
+            write_push_body(&mut text, &queue, partition, &tag, seq, items);
             seq += 1;
             tally.ids_sent += items as u64;
             let body = Bytes::from(text);
