@@ -159,14 +159,16 @@ async fn phase(gw: &Gateway, args: &Args, queue: &str, conns: usize) -> Phase {
     }
     let sampler = {
         let stop = stop.clone();
-        let pid = gw.pid();
         tokio::spawn(async move {
             let (mut rss, mut held) = (0f64, 0f64);
             let mut ticker = tokio::time::interval(Duration::from_millis(100));
+            let mib = f64::from(1 << 20);
             while !stop.load(Ordering::Relaxed) {
                 ticker.tick().await;
-                rss = rss.max(resident_mb(pid));
-                held = held.max(metric(&observer.metrics().await, "stile_held_request_bytes") / f64::from(1 << 20));
+                // The gateway reads its own resident set at each scrape.
+                let text = observer.metrics().await;
+                rss = rss.max(metric(&text, "stile_process_resident_memory_bytes") / mib);
+                held = held.max(metric(&text, "stile_held_request_bytes") / mib);
             }
             (rss, held, observer)
         })
@@ -257,15 +259,4 @@ async fn connection(mut client: Client, plan: Plan, items: usize, partitions: us
         }
     }
     tally
-}
-
-/// The process's resident memory (VmRSS), in MiB.
-fn resident_mb(pid: i32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().strip_suffix("kB")?.trim().parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
 }

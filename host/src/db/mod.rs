@@ -287,9 +287,6 @@ impl Db {
 
     /// Like [`Db::connect`], from a parsed configuration used as is.
     pub async fn from_config(config: tokio_postgres::Config, pool_size: usize) -> Result<Db, DbError> {
-        if pool_size == 0 {
-            return Err(DbError::Config("the pool size must be at least 1".into()));
-        }
         let db = Db { pool: build_pool(&config, pool_size)?, config };
         drop(db.pool.get().await?);
         Ok(db)
@@ -300,9 +297,6 @@ impl Db {
     /// opened it, so a shard worker on a thread of its own keeps its
     /// round trips on that thread.
     pub fn with_own_pool(&self, pool_size: usize) -> Result<Db, DbError> {
-        if pool_size == 0 {
-            return Err(DbError::Config("the pool size must be at least 1".into()));
-        }
         Ok(Db { pool: build_pool(&self.config, pool_size)?, config: self.config.clone() })
     }
 
@@ -629,6 +623,9 @@ fn stored_message(row: &tokio_postgres::Row) -> Result<StoredMessage, DbError> {
 
 /// A pool of up to `pool_size` connections, none opened yet.
 fn build_pool(config: &tokio_postgres::Config, pool_size: usize) -> Result<Pool, DbError> {
+    if pool_size == 0 {
+        return Err(DbError::Config("the pool size must be at least 1".into()));
+    }
     let manager =
         Manager::from_config(config.clone(), tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
