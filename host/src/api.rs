@@ -66,14 +66,23 @@ pub fn parse_push(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, BadReq
         Some(other) => return Err(BadRequest::new(format!("items: expected an array, got {}", raw_type_name(other)))),
         None => return Err(BadRequest::new("items: missing")),
     };
-    let items: Vec<&RawValue> = fields("items", items)?;
+    parse_items("", items, max_items)
+}
+
+/// Parses a non-empty JSON array of push items (whose type the caller has
+/// checked). Errors name each field as `{at}items[3].queue`.
+pub fn parse_items(at: &str, items: &RawValue, max_items: usize) -> Result<Vec<PushItem>, BadRequest> {
+    let items: Vec<&RawValue> = fields(format_args!("{at}items"), items)?;
     if items.is_empty() {
-        return Err(BadRequest::new("items: must not be empty"));
+        return Err(BadRequest::new(format!("{at}items: must not be empty")));
     }
     if items.len() > max_items {
-        return Err(BadRequest::too_large(format!("items: {} items exceed the limit of {max_items} per request", items.len())));
+        return Err(BadRequest::too_large(format!(
+            "{at}items: {} items exceed the limit of {max_items} per request",
+            items.len()
+        )));
     }
-    items.into_iter().enumerate().map(|(index, item)| parse_item(index, item)).collect()
+    items.into_iter().enumerate().map(|(index, item)| parse_item(at, index, item)).collect()
 }
 
 /// The fields of a push body the API reads, each as raw JSON: `None` when
@@ -107,12 +116,12 @@ fn fields<'a, T: Deserialize<'a>>(field: impl Display, raw: &'a RawValue) -> Res
     serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: {error}")))
 }
 
-fn parse_item(index: usize, item: &RawValue) -> Result<PushItem, BadRequest> {
+fn parse_item(at: &str, index: usize, item: &RawValue) -> Result<PushItem, BadRequest> {
     if raw_type_name(item) != OBJECT {
-        return Err(BadRequest::new(format!("items[{index}]: expected an object, got {}", raw_type_name(item))));
+        return Err(BadRequest::new(format!("{at}items[{index}]: expected an object, got {}", raw_type_name(item))));
     }
-    let field = |name| ItemField { index, name };
-    let item: RawItem<'_> = fields(format_args!("items[{index}]"), item)?;
+    let field = |name| ItemField { at, index, name };
+    let item: RawItem<'_> = fields(format_args!("{at}items[{index}]"), item)?;
     let queue = match item.queue {
         Some(raw) => raw_name(field("queue"), raw)?,
         None => return Err(BadRequest::new(format!("{}: missing", field("queue")))),
@@ -144,14 +153,20 @@ fn parse_item(index: usize, item: &RawValue) -> Result<PushItem, BadRequest> {
 /// Formatted only when an error names it: a valid item costs no string.
 #[derive(Clone, Copy)]
 struct ItemField<'a> {
+    at: &'a str,
     index: usize,
     name: &'a str,
 }
 
 impl Display for ItemField<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "items[{}].{}", self.index, self.name)
+        write!(f, "{}items[{}].{}", self.at, self.index, self.name)
     }
+}
+
+/// Checks a transactionId given outside a push item (a timer's `txn`).
+pub fn validate_transaction_id(field: impl Display, id: &str) -> Result<(), BadRequest> {
+    transaction_id(field, id.to_owned()).map(drop)
 }
 
 fn transaction_id(field: impl Display, id: String) -> Result<String, BadRequest> {
@@ -254,7 +269,7 @@ pub fn parse_configure(body: &[u8]) -> Result<ConfigureRequest, BadRequest> {
     Ok(ConfigureRequest { queue, options, mode })
 }
 
-fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BadRequest> {
+pub(crate) fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BadRequest> {
     serde_json::from_slice(body).map_err(|error| {
         if error.is_eof() {
             BadRequest::new(format!("body: truncated JSON ({error})"))

@@ -5,19 +5,21 @@
 //! result. Each partition's leaders then go to the one shard that partition
 //! maps to.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use deadpool_postgres::GenericClient;
 use futures::future::try_join_all;
+use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::api::PushItem;
-use crate::db::{Db, PartitionMeta};
+use crate::api::{Payload, PushItem};
+use crate::db::{ClockFloor, Db, DbError, MessageOutcome, PartitionMeta, SegmentPush, push_on};
 use crate::fusion::Message;
 use crate::hash::txn_hash;
 use crate::metrics::Metrics;
-use crate::shard::{Outcome, PartitionPushRequest, PushFailure, ShardHandle};
+use crate::shard::{Committed, Outcome, PartitionPushRequest, PushFailure, ShardHandle};
 
 /// How long partition metadata is trusted. It bounds how long a configure can
 /// go unnoticed by the cache; the push function guards exactness meanwhile.
@@ -44,12 +46,43 @@ pub struct Gateway {
     shards: Vec<ShardHandle>,
     metadata: Mutex<HashMap<(String, String), (PartitionMeta, Instant)>>,
     metrics: Arc<Metrics>,
+    /// Woken when a timer is scheduled through this gateway, so that its
+    /// firer looks again at once.
+    timers_scheduled: Arc<Notify>,
+}
+
+/// A message pushed inside an open transaction (a transaction request's push,
+/// a timer's fire), with its id already chosen.
+#[derive(Clone, Debug)]
+pub struct TransactionalPush {
+    pub queue: String,
+    pub partition: String,
+    pub transaction_id: String,
+    pub message_id: Uuid,
+    pub payload: Payload,
+}
+
+/// What [`Gateway::push_in`] did, before the transaction commits.
+#[derive(Debug)]
+pub struct PushedInTransaction {
+    /// One answer per push, in order. A repeat of an earlier push of the
+    /// same transaction follows it and answers `duplicate`.
+    pub results: Vec<PushResult>,
+    /// How many pushes carried an id their partition already stores in the
+    /// window.
+    pub already_stored: usize,
+    /// The segments written, for the shards' caches once committed.
+    pub committed: Vec<Committed>,
 }
 
 impl Gateway {
     pub fn new(db: Db, shards: Vec<ShardHandle>, metrics: Arc<Metrics>) -> Gateway {
         assert!(!shards.is_empty(), "a gateway needs at least one shard");
-        Gateway { db, shards, metadata: Mutex::new(HashMap::new()), metrics }
+        Gateway { db, shards, metadata: Mutex::new(HashMap::new()), metrics, timers_scheduled: Arc::new(Notify::new()) }
+    }
+
+    pub fn timers_scheduled(&self) -> &Arc<Notify> {
+        &self.timers_scheduled
     }
 
     pub fn db(&self) -> &Db {
@@ -88,23 +121,123 @@ impl Gateway {
         Ok(results)
     }
 
+    /// Pushes messages in the open transaction of `client`, all probed in
+    /// full under their partitions' row locks (the cache vouches only for
+    /// its own bundles). Nothing is visible until the caller commits; then
+    /// it hands [`PushedInTransaction::committed`] to
+    /// [`Gateway::committed_elsewhere`].
+    pub async fn push_in(
+        &self,
+        client: &impl GenericClient,
+        pushes: Vec<TransactionalPush>,
+    ) -> Result<PushedInTransaction, DbError> {
+        // Layer 1: an id repeated for one partition follows its first push.
+        // By hash, as the shards' layer 2 compares, so that a segment's
+        // hashes are distinct.
+        let hashes: Vec<[u8; 16]> = pushes.iter().map(|p| txn_hash(&p.transaction_id)).collect();
+        let mut first: HashMap<(&str, &str, [u8; 16]), usize> = HashMap::new();
+        let mut leader_of = Vec::with_capacity(pushes.len());
+        let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
+        for (index, push) in pushes.iter().enumerate() {
+            let leader = *first.entry((&push.queue, &push.partition, hashes[index])).or_insert(index);
+            leader_of.push(leader);
+            if leader == index {
+                groups.entry((&push.queue, &push.partition)).or_default().push(index);
+            }
+        }
+        let mut segments = Vec::with_capacity(groups.len());
+        for (&(queue, partition), leaders) in &groups {
+            let (meta, _) = self.partition_meta(queue, partition).await?;
+            segments.push(SegmentPush {
+                partition_id: meta.id,
+                p_verified: -1,
+                planned_window_seconds: meta.window_seconds,
+                hashes: leaders.iter().flat_map(|&i| hashes[i]).collect(),
+                message_ids: leaders.iter().map(|&i| pushes[i].message_id).collect(),
+                transaction_ids: leaders.iter().map(|&i| pushes[i].transaction_id.clone()).collect(),
+                payloads: leaders.iter().map(|&i| pushes[i].payload.clone()).collect(),
+            });
+        }
+        let outcomes = push_on(client, ClockFloor::EPOCH, &segments).await?;
+        let mut answers: Vec<Option<(Uuid, i64)>> = vec![None; pushes.len()];
+        let mut already_stored = 0;
+        let mut committed = Vec::new();
+        for ((segment, leaders), outcome) in segments.iter().zip(groups.values()).zip(&outcomes) {
+            let mut stored_hashes = Vec::with_capacity(segment.hashes.len());
+            for ((k, &item), message) in leaders.iter().enumerate().zip(outcome.per_message(leaders.len())) {
+                answers[item] = Some(match message {
+                    MessageOutcome::Stored { offset } => {
+                        stored_hashes.extend_from_slice(&hashes[item]);
+                        (segment.message_ids[k], offset)
+                    }
+                    MessageOutcome::Duplicate(original) => {
+                        already_stored += 1;
+                        (original.message_id, original.offset)
+                    }
+                });
+            }
+            if let Some(stored) = outcome.stored {
+                committed.push(Committed {
+                    partition_id: segment.partition_id,
+                    base_offset: stored.base_offset,
+                    created_ms: stored.created_ms,
+                    hashes: stored_hashes,
+                });
+            }
+        }
+        let results = pushes
+            .into_iter()
+            .enumerate()
+            .map(|(index, push)| {
+                let leader = leader_of[index];
+                let (message_id, offset) = answers[leader].expect("every leader is answered");
+                let stored_now = message_id == push.message_id && leader == index;
+                PushResult {
+                    message_id,
+                    transaction_id: push.transaction_id,
+                    queue: push.queue,
+                    partition: push.partition,
+                    offset,
+                    duplicate: !stored_now,
+                }
+            })
+            .collect();
+        Ok(PushedInTransaction { results, already_stored, committed })
+    }
+
+    /// Tells each shard's cache of segments a transaction or a fire has
+    /// committed (see [`ShardHandle::committed_elsewhere`]).
+    pub async fn committed_elsewhere(&self, committed: Vec<Committed>) {
+        let mut by_shard: BTreeMap<usize, Vec<Committed>> = BTreeMap::new();
+        for commit in committed {
+            by_shard.entry(shard_of(commit.partition_id, self.shards.len())).or_default().push(commit);
+        }
+        for (shard, commits) in by_shard {
+            self.shards[shard].committed_elsewhere(commits).await;
+        }
+    }
+
     /// A partition's metadata, memoised for [`METADATA_TTL`]; created in
     /// PostgreSQL on first use.
     /// Answers the metadata with the instant it was read from PostgreSQL.
     async fn partition(&self, queue: &str, partition: &str) -> Result<(PartitionMeta, Instant), PushFailure> {
+        self.partition_meta(queue, partition).await.map_err(|error| {
+            if error.is_unavailable() {
+                PushFailure::Unavailable(error.to_string())
+            } else {
+                PushFailure::Database(error.to_string())
+            }
+        })
+    }
+
+    async fn partition_meta(&self, queue: &str, partition: &str) -> Result<(PartitionMeta, Instant), DbError> {
         let key = (queue.to_owned(), partition.to_owned());
         if let Some((meta, at)) = self.metadata.lock().expect("not poisoned").get(&key)
             && at.elapsed() < METADATA_TTL
         {
             return Ok((*meta, *at));
         }
-        let meta = self.db.resolve_partition(queue, partition).await.map_err(|error| {
-            if error.is_unavailable() {
-                PushFailure::Unavailable(error.to_string())
-            } else {
-                PushFailure::Database(error.to_string())
-            }
-        })?;
+        let meta = self.db.resolve_partition(queue, partition).await?;
         let mut memo = self.metadata.lock().expect("not poisoned");
         if memo.len() >= METADATA_CAP {
             memo.clear();

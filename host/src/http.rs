@@ -6,8 +6,16 @@
 //! | `POST /api/v1/configure` | set a queue's options (merge or replace) |
 //! | `GET /api/v1/messages?queue=&partition=&fromOffset=&limit=` | a partition's messages from an offset |
 //! | `GET /api/v1/messages/by-transaction-id?queue=&partition=&transactionId=` | one message by transactionId |
+//! | `POST /api/v1/kv` | KV operations (and `once`), in one transaction |
+//! | `GET`, `PUT`, `DELETE /api/v1/kv/{ns}/{key}` | one key |
+//! | `POST /api/v1/transaction` | pushes with KV and timer riders, all or nothing |
+//! | `POST /api/v1/timers` | schedule, reschedule, cancel |
+//! | `GET /api/v1/timers/{queue}` | a page of a queue's pending timers |
+//! | `GET`, `DELETE /api/v1/timers/{queue}/{timerKey}` | peek, cancel |
 //! | `GET /health` | 200 when the database answers, else 503 |
 //! | `GET /metrics` | Prometheus text |
+//!
+//! The routes are one table, `crate::router::ROUTES`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -17,11 +25,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Body as _, Incoming};
-use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, ETAG, HeaderValue, RETRY_AFTER};
+use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
-use serde_json::json;
 use serde_json::value::RawValue;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::api::{self, BadRequest};
@@ -29,7 +37,9 @@ use crate::db::{ConfigureError, DbError, StoredMessage};
 use crate::gateway::{Gateway, PushResult};
 use crate::hash::txn_hash;
 use crate::intake::{Held, Intake};
+use crate::router::{self, Endpoint, Matched, Unrouted};
 use crate::shard::PushFailure;
+use crate::{kv, timers, transaction};
 
 /// Limits and access control of the HTTP layer.
 #[derive(Clone, Debug)]
@@ -45,7 +55,7 @@ pub struct HttpConfig {
 /// Shared state of every connection.
 #[derive(Debug)]
 pub struct App {
-    pub gateway: Gateway,
+    pub gateway: Arc<Gateway>,
     pub config: HttpConfig,
     /// The bound on the bytes requests in progress hold.
     pub intake: Intake,
@@ -60,19 +70,35 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>, _peer: SocketAddr
     if path.starts_with("/api/") && !authorized(&app.config, &request) {
         return Ok(error(StatusCode::UNAUTHORIZED, "authorization: a valid bearer token is required"));
     }
-    let reply = match (&method, path.as_str()) {
-        (&Method::POST, "/api/v1/push") => push(&app, request).await,
-        (&Method::POST, "/api/v1/configure") => configure(&app, request).await,
-        (&Method::GET, "/api/v1/messages") => messages(&app, &request).await,
-        (&Method::GET, "/api/v1/messages/by-transaction-id") => by_transaction_id(&app, &request).await,
-        (&Method::GET, "/health") => health(&app).await,
-        (&Method::GET, "/metrics") => Ok(metrics(&app)),
-        (_, "/api/v1/push" | "/api/v1/configure" | "/api/v1/messages" | "/health" | "/metrics") => {
+    let reply = match router::route(&method, &path) {
+        Ok(matched) => serve(&app, matched, request).await,
+        Err(Unrouted::NotFound) => Err(Failure::Status(StatusCode::NOT_FOUND, format!("no route for {path}"))),
+        Err(Unrouted::MethodNotAllowed) => {
             Err(Failure::Status(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {path}")))
         }
-        _ => Err(Failure::Status(StatusCode::NOT_FOUND, format!("no route for {path}"))),
+        Err(Unrouted::BadParameter(name)) => Err(BadRequest::new(format!("{name}: not percent-encoded UTF-8")).into()),
     };
     Ok(reply.unwrap_or_else(Failure::into_response))
+}
+
+async fn serve(app: &App, matched: Matched, request: Request<Incoming>) -> Result<Reply, Failure> {
+    match matched.endpoint {
+        Endpoint::Push => push(app, request).await,
+        Endpoint::Configure => configure(app, request).await,
+        Endpoint::Messages => messages(app, &request).await,
+        Endpoint::MessageByTransactionId => by_transaction_id(app, &request).await,
+        Endpoint::KvBatch => kv_batch(app, request).await,
+        Endpoint::KvGet => kv_get(app, &matched).await,
+        Endpoint::KvPut => kv_put(app, &matched, request).await,
+        Endpoint::KvDelete => kv_delete(app, &matched).await,
+        Endpoint::Transaction => transaction(app, request).await,
+        Endpoint::TimersBatch => timers_batch(app, request).await,
+        Endpoint::TimersList => timers_list(app, &matched, &request).await,
+        Endpoint::TimerPeek => timer_peek(app, &matched).await,
+        Endpoint::TimerCancel => timer_cancel(app, &matched, &request).await,
+        Endpoint::Health => health(app).await,
+        Endpoint::Metrics => Ok(metrics(app)),
+    }
 }
 
 /// Why a request was not served.
@@ -237,6 +263,100 @@ struct MessagesReply<'a> {
     messages: Vec<MessageReply<'a>>,
     partition: &'a str,
     queue: &'a str,
+}
+
+async fn kv_batch(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
+    let (body, _held) = read_body(app, request).await?;
+    let ops = kv::parse_batch(&body)?;
+    kv_reply(app, &ops).await
+}
+
+async fn kv_get(app: &App, matched: &Matched) -> Result<Reply, Failure> {
+    let op = kv::path_op(kv::OpKind::Get, matched.param("ns"), matched.param("key"))?;
+    let applied = kv::apply(app.gateway.db(), std::slice::from_ref(&op)).await?;
+    app.gateway.metrics().kv_operations("read", 1);
+    let result = &applied.results[0];
+    if result.get("found") != Some(&Value::Bool(true)) {
+        return Ok(json_reply(StatusCode::NOT_FOUND, result));
+    }
+    let mut reply = json_reply(StatusCode::OK, result);
+    if let Some(version) = result.get("version").and_then(Value::as_i64)
+        && let Ok(etag) = HeaderValue::from_str(&format!("\"{version}\""))
+    {
+        reply.headers_mut().insert(ETAG, etag);
+    }
+    Ok(reply)
+}
+
+async fn kv_put(app: &App, matched: &Matched, request: Request<Incoming>) -> Result<Reply, Failure> {
+    let (body, _held) = read_body(app, request).await?;
+    let op = kv::parse_put(matched.param("ns"), matched.param("key"), &body)?;
+    kv_reply(app, std::slice::from_ref(&op)).await
+}
+
+async fn kv_delete(app: &App, matched: &Matched) -> Result<Reply, Failure> {
+    let op = kv::path_op(kv::OpKind::Delete, matched.param("ns"), matched.param("key"))?;
+    kv_reply(app, std::slice::from_ref(&op)).await
+}
+
+/// Applies KV operations and answers 200 with their results, or, when a
+/// `required` one did not apply, with the lost precondition (nothing written).
+async fn kv_reply(app: &App, ops: &[kv::KvOp]) -> Result<Reply, Failure> {
+    let applied = kv::apply(app.gateway.db(), ops).await?;
+    let metrics = app.gateway.metrics();
+    for result in &applied.results {
+        let outcome = match result.get("applied") {
+            None => "read",
+            Some(Value::Bool(true)) => "applied",
+            Some(_) => "refused",
+        };
+        metrics.kv_operations(outcome, 1);
+    }
+    match applied.failed {
+        Some(failed) => Ok(json_reply(StatusCode::OK, &Value::Object(applied.precondition_failure(failed, failed)))),
+        None => Ok(json_reply(StatusCode::OK, &json!({ "results": applied.results }))),
+    }
+}
+
+async fn transaction(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
+    let (body, _held) = read_body(app, request).await?;
+    let request = transaction::parse(&body, app.config.max_items)?;
+    drop(body);
+    let answer = transaction::run(&app.gateway, request).await?;
+    Ok(json_reply(StatusCode::OK, &answer))
+}
+
+async fn timers_batch(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
+    let (body, _held) = read_body(app, request).await?;
+    let ops = timers::parse_batch(&body)?;
+    let results = timers::apply(&app.gateway, &ops).await?;
+    Ok(json_reply(StatusCode::OK, &json!({ "results": results })))
+}
+
+async fn timers_list(app: &App, matched: &Matched, request: &Request<Incoming>) -> Result<Reply, Failure> {
+    let queue = matched.param("queue");
+    api::validate_name("queue", queue)?;
+    let (after, limit) = timers::page_query(&query(request))?;
+    let page = timers::list(&app.gateway, queue, after.as_deref(), limit).await?;
+    Ok(json_reply(StatusCode::OK, &page))
+}
+
+async fn timer_peek(app: &App, matched: &Matched) -> Result<Reply, Failure> {
+    match timers::peek(&app.gateway, matched.param("queue"), matched.param("timerKey")).await? {
+        Some(timer) => Ok(json_reply(StatusCode::OK, &timer)),
+        None => Ok(json_reply(StatusCode::OK, &json!({ "found": false }))),
+    }
+}
+
+async fn timer_cancel(app: &App, matched: &Matched, request: &Request<Incoming>) -> Result<Reply, Failure> {
+    let txn = query(request).remove("txn").filter(|t| !t.is_empty());
+    let op = timers::cancel_op(matched.param("queue"), matched.param("timerKey"), txn)?;
+    let mut results = timers::apply(&app.gateway, std::slice::from_ref(&op)).await?;
+    let mut result = results.pop().expect("one result per operation");
+    if let Value::Object(fields) = &mut result {
+        fields.remove("index");
+    }
+    Ok(json_reply(StatusCode::OK, &result))
 }
 
 async fn health(app: &App) -> Result<Reply, Failure> {

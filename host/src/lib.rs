@@ -4,7 +4,11 @@
 //! The layers, from the wire inwards: [`http`] (hyper) → [`api`] (parsing and
 //! validation) → [`gateway`] (layer 1, partition metadata, routing) →
 //! [`shard`] (one worker per shard: [`fusion`]'s layer 2, the [`cache`], and
-//! one bundle per flush) → [`db`] (PostgreSQL, the one authority).
+//! one bundle per flush) → [`db`] (PostgreSQL, the one authority). Beside
+//! the push path: [`kv`] (KV and once), [`transaction`] (pushes with KV and
+//! timer riders, all or nothing) and [`timers`] (scheduled messages and
+//! their firer), each over its SQL in `host/sql/`; [`router`] is the table
+//! of routes.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -16,8 +20,12 @@ pub mod gateway;
 pub mod hash;
 pub mod http;
 pub mod intake;
+pub mod kv;
 pub mod metrics;
 pub mod payload;
+pub mod router;
 pub mod server;
 pub mod shard;
+pub mod timers;
+pub mod transaction;
 pub mod wasm;

@@ -59,6 +59,10 @@ pub struct Metrics {
     held_request_bytes: Gauge,
     held_request_bytes_limit: Gauge,
     requests_waited_for_room: Counter,
+    transactions: Family<OutcomeLabel, Counter>,
+    kv_operations: Family<OutcomeLabel, Counter>,
+    timers_fired: Counter,
+    kv_purged: Counter,
 }
 
 impl Metrics {
@@ -85,6 +89,10 @@ impl Metrics {
             held_request_bytes: Gauge::default(),
             held_request_bytes_limit: Gauge::default(),
             requests_waited_for_room: Counter::default(),
+            transactions: Family::default(),
+            kv_operations: Family::default(),
+            timers_fired: Counter::default(),
+            kv_purged: Counter::default(),
         };
         {
             let mut r = metrics.registry.lock().expect("not poisoned");
@@ -137,12 +145,43 @@ impl Metrics {
                 metrics.requests_waited_for_room.clone(),
             );
             r.register(
+                "transactions",
+                "Transactions by outcome (committed, duplicate, kv_precondition)",
+                metrics.transactions.clone(),
+            );
+            r.register("kv_operations", "KV operations by outcome (applied, refused, read)", metrics.kv_operations.clone());
+            r.register(
+                "timers_fired",
+                "Timers fired: their message pushed and their row deleted in one transaction",
+                metrics.timers_fired.clone(),
+            );
+            r.register("kv_purged", "Expired keys deleted in the background", metrics.kv_purged.clone());
+            r.register(
                 "process_resident_memory_bytes",
                 "Resident memory of the gateway process (Linux; 0 elsewhere)",
                 metrics.resident_memory.clone(),
             );
         }
         metrics
+    }
+
+    /// A transaction's outcome: `committed`, `duplicate` or `kv_precondition`.
+    pub fn transaction(&self, outcome: &'static str) {
+        self.transactions.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// KV operations answered: `applied`, `refused` (a write whose
+    /// precondition did not hold) or `read`.
+    pub fn kv_operations(&self, outcome: &'static str, count: u64) {
+        self.kv_operations.get_or_create(&OutcomeLabel { outcome }).inc_by(count);
+    }
+
+    pub fn timers_fired(&self, count: u64) {
+        self.timers_fired.inc_by(count);
+    }
+
+    pub fn kv_purged(&self, count: u64) {
+        self.kv_purged.inc_by(count);
     }
 
     pub fn pushed(&self, queued: u64, duplicate: u64) {

@@ -95,10 +95,19 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
         config.engine
     );
     let purge = tokio::spawn(purge_loop(db.clone(), config.purge_every));
+    let kv_purge = tokio::spawn(kv_purge_loop(db.clone(), metrics.clone()));
     let intake = Intake::new(usize::try_from(config.max_held_bytes).unwrap_or(usize::MAX), metrics.requests_waited_for_room());
-    let app = Arc::new(App { gateway: Gateway::new(db, handles, metrics), config: config.http.clone(), intake });
+    let gateway = Arc::new(Gateway::new(db, handles, metrics));
+    let firer = tokio::spawn(crate::timers::fire_loop(gateway.clone()));
+    let app = Arc::new(App { gateway, config: config.http.clone(), intake });
     accept_until(listener, app, shutdown).await;
     purge.abort();
+    kv_purge.abort();
+    // The firer holds the gateway, and with it the shard handles: it must be
+    // gone before the workers can finish. A fire cut short here rolls back
+    // and its timers stay pending for the next gateway.
+    firer.abort();
+    let _ = firer.await;
     // The App (and with it every shard handle) is gone once the connections
     // have closed; the workers then finish their in-flight flushes and stop.
     for worker in workers {
@@ -158,6 +167,34 @@ async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Futur
     drop(app);
     if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown()).await.is_err() {
         tracing::warn!("connections still open after 30 s; stopping anyway");
+    }
+}
+
+/// How often expired keys are deleted, and most deleted at once.
+const KV_PURGE_EVERY: Duration = Duration::from_secs(5);
+const KV_PURGE_BATCH: i32 = 10_000;
+
+/// Deletes expired keys. They are never answered once expired; this only
+/// reclaims their rows.
+async fn kv_purge_loop(db: Db, metrics: Arc<Metrics>) {
+    let mut ticker = tokio::time::interval(KV_PURGE_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        loop {
+            match crate::kv::purge(&db, KV_PURGE_BATCH).await {
+                Ok(deleted) => {
+                    metrics.kv_purged(deleted.max(0) as u64);
+                    if deleted < i64::from(KV_PURGE_BATCH) {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "purging expired keys failed; retrying later");
+                    break;
+                }
+            }
+        }
     }
 }
 

@@ -108,7 +108,7 @@ pub struct DbReading {
 /// The sending side of a shard's queue.
 #[derive(Clone, Debug)]
 pub struct ShardHandle {
-    tx: mpsc::Sender<PartitionPush>,
+    tx: mpsc::Sender<Work>,
 }
 
 impl ShardHandle {
@@ -122,8 +122,21 @@ impl ShardHandle {
             messages: push.messages,
             reply,
         };
-        self.tx.send(push).await.map_err(|_| PushFailure::ShuttingDown)?;
+        self.tx.send(Work::Push(push)).await.map_err(|_| PushFailure::ShuttingDown)?;
         answer.await.map_err(|_| PushFailure::ShuttingDown)?
+    }
+
+    /// Tells the shard's cache of segments committed outside its bundles
+    /// (by a transaction or a timer's fire), once they have committed. An
+    /// entry that knows every offset below them extends over them, so that
+    /// a partition written by transactions is not rebuilt after each one; in
+    /// any other order they leave a gap or force a rebuild, never a wrong
+    /// vouch (invariant 3).
+    pub async fn committed_elsewhere(&self, commits: Vec<Committed>) {
+        if !commits.is_empty() {
+            // A shard that is shutting down has no cache left to tell.
+            let _ = self.tx.send(Work::CommittedElsewhere(commits)).await;
+        }
     }
 }
 
@@ -270,12 +283,23 @@ struct PlannedBundle {
 }
 
 /// A segment PostgreSQL stored, as the cache is told of it.
-struct Committed {
-    partition_id: i64,
-    base_offset: i64,
-    created_ms: Millis,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Committed {
+    pub partition_id: i64,
+    pub base_offset: i64,
+    /// The rows' `created_at` in ms since the epoch, rounded up.
+    pub created_ms: Millis,
     /// The stored messages' hashes, in offset order.
-    hashes: Vec<u8>,
+    pub hashes: Vec<u8>,
+}
+
+/// What a shard's queue carries.
+#[derive(Debug)]
+enum Work {
+    Push(PartitionPush),
+    /// Segments committed by a transaction or a timer's fire, not by this
+    /// shard's bundles.
+    CommittedElsewhere(Vec<Committed>),
 }
 
 /// A partition whose cache entry must be (re)built, and under which window.
@@ -302,18 +326,18 @@ enum Done {
 }
 
 impl Worker {
-    async fn run(mut self, mut rx: mpsc::Receiver<PartitionPush>) {
+    async fn run(mut self, mut rx: mpsc::Receiver<Work>) {
         let mut housekeeping = tokio::time::interval(self.config.housekeeping);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut open = true;
         loop {
             tokio::select! {
-                push = rx.recv(), if open => match push {
-                    Some(push) => {
-                        self.accept(push);
+                work = rx.recv(), if open => match work {
+                    Some(work) => {
+                        self.take(work);
                         // Take everything already waiting, so that it joins this flush.
-                        while let Ok(push) = rx.try_recv() {
-                            self.accept(push);
+                        while let Ok(work) = rx.try_recv() {
+                            self.take(work);
                         }
                     }
                     None => open = false,
@@ -327,6 +351,16 @@ impl Worker {
             self.flush_ready();
         }
         tracing::debug!(shard = self.id, "shard worker stopped");
+    }
+
+    fn take(&mut self, work: Work) {
+        match work {
+            Work::Push(push) => self.accept(push),
+            Work::CommittedElsewhere(commits) => {
+                let now = self.now();
+                self.record(now, &commits);
+            }
+        }
     }
 
     fn accept(&mut self, push: PartitionPush) {

@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[Migration] = &[
     // after every versioned migration. The version stays, so that the
     // numbering of databases migrated before and after agrees.
     Migration { version: 2, name: "functions", sql: "" },
+    Migration { version: 3, name: "kv and timers", sql: include_str!("../../sql/0003_kv_timers.sql") },
 ];
 
 /// The functions (and views) the gateway and its readers use. Unlike the
@@ -30,7 +31,8 @@ pub const MIGRATIONS: &[Migration] = &[
 /// recorded by its checksum in `stile.function_sets`. (On a fresh database
 /// the versioned migrations run before any function exists: one that drops
 /// a function says `IF EXISTS`.)
-pub const FUNCTIONS: &str = include_str!("../../sql/0002_functions.sql");
+pub const FUNCTIONS: &str =
+    concat!(include_str!("../../sql/0002_functions.sql"), include_str!("../../sql/kv.sql"), include_str!("../../sql/timers.sql"));
 
 /// The key of the transaction-scoped advisory lock that serialises
 /// migrators ("stile" in ASCII).

@@ -12,7 +12,7 @@ mod url;
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio_postgres::types::Json;
@@ -380,100 +380,8 @@ impl Db {
         if segments.is_empty() {
             return Ok(Vec::new());
         }
-        let total: usize = segments.iter().map(SegmentPush::len).sum();
-        let mut partition_ids = Vec::with_capacity(segments.len());
-        let mut verified = Vec::with_capacity(segments.len());
-        let mut planned = Vec::with_capacity(segments.len());
-        let mut counts = Vec::with_capacity(segments.len());
-        let mut hashes: Vec<&[u8]> = Vec::with_capacity(segments.len());
-        let mut payloads: Vec<Json<&RawValue>> = Vec::with_capacity(total);
-        let mut message_ids: Vec<Uuid> = Vec::with_capacity(total);
-        let mut transaction_ids: Vec<&str> = Vec::with_capacity(total);
-        for (i, s) in segments.iter().enumerate() {
-            let n = s.len();
-            if n == 0 || s.transaction_ids.len() != n || s.payloads.len() != n || s.hashes.len() != 16 * n {
-                return Err(DbError::Invalid(format!(
-                    "segment {i}: {} message ids, {} transaction ids, {} payloads, {} hash bytes",
-                    n,
-                    s.transaction_ids.len(),
-                    s.payloads.len(),
-                    s.hashes.len()
-                )));
-            }
-            let n = i32::try_from(n).map_err(|_| DbError::Invalid(format!("segment {i}: too many messages")))?;
-            partition_ids.push(s.partition_id);
-            verified.push(s.p_verified);
-            planned.push(s.planned_window_seconds);
-            counts.push(n);
-            hashes.push(&s.hashes);
-            payloads.extend(s.payloads.iter().map(|payload| Json(payload.raw())));
-            message_ids.extend_from_slice(&s.message_ids);
-            transaction_ids.extend(s.transaction_ids.iter().map(String::as_str));
-        }
         let client = self.pool.get().await?;
-        let stmt = client.prepare_cached(PUSH_SQL).await?;
-        let rows = client
-            .query(
-                &stmt,
-                &[
-                    &partition_ids,
-                    &verified,
-                    &planned,
-                    &counts,
-                    &hashes,
-                    &message_ids,
-                    &transaction_ids,
-                    &payloads,
-                    &clock_floor.0,
-                ],
-            )
-            .await?;
-        drop(client);
-        if rows.len() != segments.len() {
-            return Err(DbError::Protocol(format!("stile.push returned {} rows for {} segments", rows.len(), segments.len())));
-        }
-        let mut out = Vec::with_capacity(rows.len());
-        for ((i, row), segment) in rows.iter().enumerate().zip(segments) {
-            let seg: i32 = row.try_get(0)?;
-            if usize::try_from(seg).ok() != Some(i) {
-                return Err(DbError::Protocol(format!("row {i} is for segment {seg}")));
-            }
-            let base: Option<i64> = row.try_get(1)?;
-            let stored = match base {
-                Some(base_offset) => Some(Stored { base_offset, created_ms: row.try_get(2)? }),
-                None => None,
-            };
-            let idx: Option<Vec<i32>> = row.try_get(5)?;
-            let off: Option<Vec<i64>> = row.try_get(6)?;
-            let ids: Option<Vec<Option<Uuid>>> = row.try_get(7)?;
-            let (idx, off, ids) = (idx.unwrap_or_default(), off.unwrap_or_default(), ids.unwrap_or_default());
-            let len = segment.len();
-            let indexes_ascend = idx.windows(2).all(|w| w[0] < w[1]);
-            let in_segment = idx.iter().all(|&x| usize::try_from(x).is_ok_and(|x| x < len));
-            let accounted = stored.is_some() == (idx.len() < len);
-            if idx.len() != off.len() || idx.len() != ids.len() || !indexes_ascend || !in_segment || !accounted {
-                return Err(DbError::Protocol(format!(
-                    "segment {i}: {} duplicates of {len} messages, stored: {}",
-                    idx.len(),
-                    stored.is_some()
-                )));
-            }
-            let duplicates = idx
-                .into_iter()
-                .zip(off)
-                .zip(ids)
-                .map(|((index, offset), message_id)| Duplicate {
-                    index: index as u32,
-                    offset,
-                    message_id: message_id.unwrap_or(Uuid::nil()),
-                })
-                .collect();
-            let window_seconds: i32 = row.try_get(3)?;
-            let probe = ProbeMode::parse(row.try_get(4)?)?;
-            let clock_ms: i64 = row.try_get(8)?;
-            out.push(SegmentOutcome { window_seconds, probe, duplicates, stored, clock_ms });
-        }
-        Ok(out)
+        push_on(&client, clock_floor, segments).await
     }
 
     /// Configures a queue (creating it from defaults if needed) and returns
@@ -636,4 +544,96 @@ fn build_pool(config: &tokio_postgres::Config, pool_size: usize) -> Result<Pool,
         .recycle_timeout(Some(Duration::from_secs(5)))
         .build()
         .map_err(|e| DbError::Config(e.to_string()))
+}
+
+/// Runs `stile.push` for a bundle on `client`: on a pooled connection it is
+/// a transaction of its own; inside an open transaction (a transaction
+/// request, a timer's fire) it is part of it. See [`Db::push_bundle`].
+pub async fn push_on(
+    client: &impl GenericClient,
+    clock_floor: ClockFloor,
+    segments: &[SegmentPush],
+) -> Result<Vec<SegmentOutcome>, DbError> {
+    let total: usize = segments.iter().map(SegmentPush::len).sum();
+    let mut partition_ids = Vec::with_capacity(segments.len());
+    let mut verified = Vec::with_capacity(segments.len());
+    let mut planned = Vec::with_capacity(segments.len());
+    let mut counts = Vec::with_capacity(segments.len());
+    let mut hashes: Vec<&[u8]> = Vec::with_capacity(segments.len());
+    let mut payloads: Vec<Json<&RawValue>> = Vec::with_capacity(total);
+    let mut message_ids: Vec<Uuid> = Vec::with_capacity(total);
+    let mut transaction_ids: Vec<&str> = Vec::with_capacity(total);
+    for (i, s) in segments.iter().enumerate() {
+        let n = s.len();
+        if n == 0 || s.transaction_ids.len() != n || s.payloads.len() != n || s.hashes.len() != 16 * n {
+            return Err(DbError::Invalid(format!(
+                "segment {i}: {} message ids, {} transaction ids, {} payloads, {} hash bytes",
+                n,
+                s.transaction_ids.len(),
+                s.payloads.len(),
+                s.hashes.len()
+            )));
+        }
+        let n = i32::try_from(n).map_err(|_| DbError::Invalid(format!("segment {i}: too many messages")))?;
+        partition_ids.push(s.partition_id);
+        verified.push(s.p_verified);
+        planned.push(s.planned_window_seconds);
+        counts.push(n);
+        hashes.push(&s.hashes);
+        payloads.extend(s.payloads.iter().map(|payload| Json(payload.raw())));
+        message_ids.extend_from_slice(&s.message_ids);
+        transaction_ids.extend(s.transaction_ids.iter().map(String::as_str));
+    }
+    let stmt = client.prepare_cached(PUSH_SQL).await?;
+    let rows = client
+        .query(
+            &stmt,
+            &[&partition_ids, &verified, &planned, &counts, &hashes, &message_ids, &transaction_ids, &payloads, &clock_floor.0],
+        )
+        .await?;
+    if rows.len() != segments.len() {
+        return Err(DbError::Protocol(format!("stile.push returned {} rows for {} segments", rows.len(), segments.len())));
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for ((i, row), segment) in rows.iter().enumerate().zip(segments) {
+        let seg: i32 = row.try_get(0)?;
+        if usize::try_from(seg).ok() != Some(i) {
+            return Err(DbError::Protocol(format!("row {i} is for segment {seg}")));
+        }
+        let base: Option<i64> = row.try_get(1)?;
+        let stored = match base {
+            Some(base_offset) => Some(Stored { base_offset, created_ms: row.try_get(2)? }),
+            None => None,
+        };
+        let idx: Option<Vec<i32>> = row.try_get(5)?;
+        let off: Option<Vec<i64>> = row.try_get(6)?;
+        let ids: Option<Vec<Option<Uuid>>> = row.try_get(7)?;
+        let (idx, off, ids) = (idx.unwrap_or_default(), off.unwrap_or_default(), ids.unwrap_or_default());
+        let len = segment.len();
+        let indexes_ascend = idx.windows(2).all(|w| w[0] < w[1]);
+        let in_segment = idx.iter().all(|&x| usize::try_from(x).is_ok_and(|x| x < len));
+        let accounted = stored.is_some() == (idx.len() < len);
+        if idx.len() != off.len() || idx.len() != ids.len() || !indexes_ascend || !in_segment || !accounted {
+            return Err(DbError::Protocol(format!(
+                "segment {i}: {} duplicates of {len} messages, stored: {}",
+                idx.len(),
+                stored.is_some()
+            )));
+        }
+        let duplicates = idx
+            .into_iter()
+            .zip(off)
+            .zip(ids)
+            .map(|((index, offset), message_id)| Duplicate {
+                index: index as u32,
+                offset,
+                message_id: message_id.unwrap_or(Uuid::nil()),
+            })
+            .collect();
+        let window_seconds: i32 = row.try_get(3)?;
+        let probe = ProbeMode::parse(row.try_get(4)?)?;
+        let clock_ms: i64 = row.try_get(8)?;
+        out.push(SegmentOutcome { window_seconds, probe, duplicates, stored, clock_ms });
+    }
+    Ok(out)
 }

@@ -1,0 +1,214 @@
+------------------------------------------------------------------------------
+-- Keys: KV and once (applied with the other functions, see 0002's header)
+------------------------------------------------------------------------------
+
+-- Applies KV operations in order, in the caller's transaction, and answers
+-- {"results": [...], "failed": i}: one result per operation, and the index of
+-- the first `required` operation that did not apply (null when none). The
+-- caller rolls back when `failed` is set, so that nothing of the call is
+-- written.
+--
+-- Operations arrive validated and normalised by the gateway (host/src/kv.rs):
+-- "op" is one of get, getMany, getPrefix, check, put, putIfAbsent, delete,
+-- incr; "ttl" is seconds or null for forever; "expect" is null, 0 (must not
+-- exist) or a version. Every verdict is computed on the key's row under its
+-- lock (SELECT ... FOR UPDATE), or, for an absent key, by an INSERT that a
+-- concurrent creator makes wait: two callers racing one putIfAbsent from any
+-- number of gateways get exactly one winner.
+CREATE OR REPLACE FUNCTION stile.kv_apply(p_ops jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_results jsonb := '[]'::jsonb;
+    v_failed integer;
+    v_result jsonb;
+    v_op jsonb;
+BEGIN
+    FOR i IN 0 .. jsonb_array_length(p_ops) - 1 LOOP
+        v_op := p_ops -> i;
+        v_result := CASE v_op ->> 'op'
+            WHEN 'get' THEN stile.kv_get(v_op, v_now)
+            WHEN 'getMany' THEN stile.kv_get_many(v_op, v_now)
+            WHEN 'getPrefix' THEN stile.kv_get_prefix(v_op, v_now)
+            ELSE stile.kv_write(v_op, v_now)
+        END;
+        v_results := v_results || jsonb_build_array(jsonb_build_object('index', i) || v_result);
+        IF v_failed IS NULL AND (v_op ->> 'required')::boolean AND NOT (v_result ->> 'applied')::boolean THEN
+            v_failed := i;
+        END IF;
+    END LOOP;
+    RETURN jsonb_build_object('results', v_results, 'failed', v_failed);
+END
+$$;
+
+-- A key's row as the API shows it. Times are ms since the epoch.
+CREATE OR REPLACE FUNCTION stile.kv_row(p_key text, p_value jsonb, p_version bigint, p_expires timestamptz, p_updated timestamptz)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT jsonb_build_object(
+        'key', p_key, 'value', p_value, 'version', p_version,
+        'expiresAt', floor(extract(epoch FROM p_expires) * 1000)::bigint,
+        'updatedAt', floor(extract(epoch FROM p_updated) * 1000)::bigint)
+$$;
+
+CREATE OR REPLACE FUNCTION stile.kv_get(p_op jsonb, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce(
+        (SELECT jsonb_build_object('op', 'get', 'found', true)
+                || stile.kv_row(k.key, k.value, k.version, k.expires_at, k.updated_at)
+           FROM stile.kv k
+          WHERE k.ns = p_op ->> 'ns' AND k.key = (p_op ->> 'key') COLLATE "C"
+            AND (k.expires_at IS NULL OR k.expires_at > p_now)),
+        jsonb_build_object('op', 'get', 'found', false, 'key', p_op ->> 'key'))
+$$;
+
+CREATE OR REPLACE FUNCTION stile.kv_get_many(p_op jsonb, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    WITH wanted AS (
+        SELECT w.key COLLATE "C" AS key, w.n FROM jsonb_array_elements_text(p_op -> 'keys') WITH ORDINALITY AS w(key, n)
+    ), found AS (
+        SELECT w.n, k.* FROM wanted w
+          JOIN stile.kv k ON k.ns = p_op ->> 'ns' AND k.key = w.key
+         WHERE k.expires_at IS NULL OR k.expires_at > p_now
+    )
+    SELECT jsonb_build_object(
+        'op', 'getMany',
+        'rows', coalesce((SELECT jsonb_agg(stile.kv_row(f.key, f.value, f.version, f.expires_at, f.updated_at) ORDER BY f.n) FROM found f), '[]'),
+        'missing', coalesce((SELECT jsonb_agg(w.key ORDER BY w.n) FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.n = w.n)), '[]'),
+        'truncated', false)
+$$;
+
+-- A page of the keys starting with "prefix", after "after", in byte order:
+-- "limit" rows and whether more follow ("nextAfter" is the last key given).
+CREATE OR REPLACE FUNCTION stile.kv_get_prefix(p_op jsonb, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    WITH page AS (
+        SELECT k.* FROM stile.kv k
+         WHERE k.ns = p_op ->> 'ns'
+           AND k.key ^@ ((p_op ->> 'prefix') COLLATE "C")
+           AND k.key > coalesce(p_op ->> 'after', '') COLLATE "C"
+           AND (k.expires_at IS NULL OR k.expires_at > p_now)
+         ORDER BY k.key
+         LIMIT (p_op ->> 'limit')::integer + 1
+    ), shown AS (
+        SELECT * FROM page ORDER BY key LIMIT (p_op ->> 'limit')::integer
+    )
+    SELECT jsonb_build_object(
+        'op', 'getPrefix',
+        'rows', coalesce((SELECT jsonb_agg(CASE WHEN (p_op ->> 'keysOnly')::boolean
+                                               THEN jsonb_build_object('key', s.key, 'version', s.version)
+                                               ELSE stile.kv_row(s.key, s.value, s.version, s.expires_at, s.updated_at) END
+                                           ORDER BY s.key) FROM shown s), '[]'),
+        'truncated', (SELECT count(*) FROM page) > (p_op ->> 'limit')::integer,
+        'nextAfter', CASE WHEN (SELECT count(*) FROM page) > (p_op ->> 'limit')::integer
+                          THEN (SELECT max(s.key) FROM shown s) END)
+$$;
+
+-- check, put, putIfAbsent, delete and incr: the verdict on the key's locked
+-- row (or on its locked absence), then the write.
+CREATE OR REPLACE FUNCTION stile.kv_write(p_op jsonb, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_kind text := p_op ->> 'op';
+    v_shown text := CASE v_kind WHEN 'putIfAbsent' THEN 'put' ELSE v_kind END;
+    v_ns text := p_op ->> 'ns';
+    v_key text COLLATE "C" := p_op ->> 'key';
+    v_expect bigint := (p_op ->> 'expect')::bigint;
+    v_expires timestamptz := p_now + make_interval(secs => (p_op ->> 'ttl')::double precision);
+    v_row stile.kv;
+    v_live boolean;
+    v_reason text;
+    v_value jsonb;
+    v_version bigint;
+    v_sum numeric;
+BEGIN
+    -- The row, locked; when there is none, a placeholder that holds the key
+    -- for this transaction (a concurrent creator waits on it, then finds it).
+    LOOP
+        SELECT * INTO v_row FROM stile.kv WHERE ns = v_ns AND key = v_key FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO stile.kv (ns, key, value, version, expires_at, updated_at)
+        VALUES (v_ns, v_key, 'null', 0, '-infinity', p_now)
+        ON CONFLICT DO NOTHING
+        RETURNING * INTO v_row;
+        EXIT WHEN FOUND;
+    END LOOP;
+    v_live := v_row.version > 0 AND (v_row.expires_at IS NULL OR v_row.expires_at > p_now);
+
+    v_reason := CASE
+        WHEN v_expect = 0 AND v_live THEN 'exists'
+        WHEN v_expect > 0 AND NOT v_live THEN 'absent'
+        WHEN v_expect > 0 AND v_row.version <> v_expect THEN 'version'
+        WHEN v_kind = 'putIfAbsent' AND v_live THEN 'exists'
+        WHEN v_kind = 'delete' AND NOT v_live THEN 'absent'
+        WHEN v_kind = 'check' AND v_expect IS NULL AND NOT v_live THEN 'absent'
+    END;
+    IF v_reason IS NULL AND v_kind = 'incr' THEN
+        IF v_live AND jsonb_typeof(v_row.value) IS DISTINCT FROM 'number' THEN
+            v_reason := 'type';
+        ELSE
+            v_sum := CASE WHEN v_live THEN (v_row.value #>> '{}')::numeric ELSE 0 END + (p_op ->> 'delta')::numeric;
+            IF v_sum <> trunc(v_sum) AND v_live THEN
+                v_reason := 'type';
+            ELSIF v_sum < (p_op ->> 'min')::numeric OR v_sum > (p_op ->> 'max')::numeric THEN
+                v_reason := 'limit';
+            END IF;
+        END IF;
+    END IF;
+
+    IF v_reason IS NOT NULL OR v_kind = 'check' THEN
+        IF NOT v_live THEN
+            -- Nothing to show, and the placeholder (if this call made it) must go.
+            DELETE FROM stile.kv WHERE ns = v_ns AND key = v_key AND version = 0;
+            RETURN jsonb_strip_nulls(jsonb_build_object('op', v_shown, 'key', v_key, 'applied', v_reason IS NULL, 'reason', v_reason));
+        END IF;
+        RETURN jsonb_build_object('op', v_shown, 'key', v_key, 'applied', v_reason IS NULL, 'value', v_row.value, 'version', v_row.version)
+               || CASE WHEN v_reason IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('reason', v_reason) END;
+    END IF;
+
+    IF v_kind = 'delete' THEN
+        DELETE FROM stile.kv WHERE ns = v_ns AND key = v_key;
+        RETURN jsonb_build_object('op', v_shown, 'key', v_key, 'applied', true, 'version', v_row.version);
+    END IF;
+
+    v_value := CASE WHEN v_kind = 'incr' THEN to_jsonb(v_sum) ELSE p_op -> 'value' END;
+    -- A put sets the expiry it carries; an increment of a live counter keeps
+    -- the one its window started with, so that a limiter's window closes
+    -- however busy its caller is.
+    IF v_kind = 'incr' AND v_live THEN
+        v_expires := v_row.expires_at;
+    END IF;
+    v_version := nextval('stile.kv_versions');
+    UPDATE stile.kv
+       SET value = v_value, version = v_version, expires_at = v_expires, updated_at = p_now
+     WHERE ns = v_ns AND key = v_key;
+    RETURN jsonb_build_object('op', v_shown, 'key', v_key, 'applied', true, 'value', v_value, 'version', v_version);
+END
+$$;
+
+-- Deletes up to p_limit keys whose time has passed; answers how many.
+CREATE OR REPLACE FUNCTION stile.kv_purge(p_limit integer)
+RETURNS bigint
+LANGUAGE sql
+AS $$
+    WITH gone AS (
+        DELETE FROM stile.kv k
+         WHERE (k.ns, k.key) IN (SELECT e.ns, e.key FROM stile.kv e
+                                  WHERE e.expires_at <= clock_timestamp()
+                                  ORDER BY e.expires_at LIMIT p_limit
+                                  FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone
+$$;

@@ -1,0 +1,103 @@
+------------------------------------------------------------------------------
+-- Timers (applied with the other functions, see 0002's header)
+------------------------------------------------------------------------------
+
+-- A timer as the API shows it. Times are ms since the epoch.
+CREATE OR REPLACE FUNCTION stile.timer_row(t stile.timers)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT jsonb_build_object(
+        'queue', t.queue, 'timerKey', t.timer_key, 'partition', t.partition, 'txn', t.txn,
+        'messageId', t.message_id,
+        'deliverAt', floor(extract(epoch FROM t.deliver_at) * 1000)::bigint,
+        'scheduledAt', floor(extract(epoch FROM t.scheduled_at) * 1000)::bigint)
+$$;
+
+-- Applies timer operations in order, in the caller's transaction; answers one
+-- result per operation. Operations arrive validated and normalised by the
+-- gateway (host/src/timers.rs): schedule and reschedule (one upsert on queue
+-- and key, with the message id the gateway minted), and cancel.
+CREATE OR REPLACE FUNCTION stile.timers_apply(p_ops jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_results jsonb := '[]'::jsonb;
+    v_op jsonb;
+    v_row stile.timers;
+    v_inserted boolean;
+BEGIN
+    FOR i IN 0 .. jsonb_array_length(p_ops) - 1 LOOP
+        v_op := p_ops -> i;
+        IF v_op ->> 'op' = 'cancel' THEN
+            DELETE FROM stile.timers
+             WHERE queue = v_op ->> 'queue' AND timer_key = (v_op ->> 'timerKey') COLLATE "C"
+            RETURNING * INTO v_row;
+            v_results := v_results || jsonb_build_array(CASE WHEN FOUND
+                THEN jsonb_build_object('index', i, 'ok', true, 'status', 'cancelled') || stile.timer_row(v_row)
+                ELSE jsonb_strip_nulls(jsonb_build_object('index', i, 'ok', false, 'status', 'absent',
+                        'queue', v_op ->> 'queue', 'timerKey', v_op ->> 'timerKey', 'txn', v_op ->> 'txn')) END);
+        ELSE
+            INSERT INTO stile.timers AS t (queue, timer_key, partition, txn, message_id, payload, deliver_at, scheduled_at)
+            VALUES (v_op ->> 'queue', v_op ->> 'timerKey', v_op ->> 'partition', v_op ->> 'txn',
+                    (v_op ->> 'messageId')::uuid, (v_op ->> 'payload')::json,
+                    v_now + make_interval(secs => (v_op ->> 'delayMs')::double precision / 1000), v_now)
+            ON CONFLICT (queue, timer_key) DO UPDATE
+               SET partition = excluded.partition, txn = excluded.txn, message_id = excluded.message_id,
+                   payload = excluded.payload, deliver_at = excluded.deliver_at, scheduled_at = excluded.scheduled_at
+            RETURNING t.*, (xmax = 0) INTO v_row.queue, v_row.timer_key, v_row.partition, v_row.txn, v_row.message_id,
+                                            v_row.payload, v_row.deliver_at, v_row.scheduled_at, v_inserted;
+            v_results := v_results || jsonb_build_array(
+                jsonb_build_object('index', i, 'ok', true,
+                                   'status', CASE WHEN v_inserted THEN 'scheduled' ELSE 'rescheduled' END)
+                || stile.timer_row(v_row));
+        END IF;
+    END LOOP;
+    RETURN v_results;
+END
+$$;
+
+-- Takes up to p_limit due timers for this transaction: deletes their rows
+-- and answers them, oldest due first. Rows another firer holds are skipped,
+-- so each timer is taken once; the caller pushes the messages in the same
+-- transaction, so a fire either commits both or neither.
+CREATE OR REPLACE FUNCTION stile.timers_take_due(p_limit integer)
+RETURNS SETOF stile.timers
+LANGUAGE sql
+AS $$
+    DELETE FROM stile.timers t
+     WHERE (t.queue, t.timer_key) IN (SELECT d.queue, d.timer_key FROM stile.timers d
+                                       WHERE d.deliver_at <= clock_timestamp()
+                                       ORDER BY d.deliver_at LIMIT p_limit
+                                       FOR UPDATE SKIP LOCKED)
+    RETURNING t.*
+$$;
+
+-- Milliseconds until the next timer is due (0 when one is), null when none.
+CREATE OR REPLACE FUNCTION stile.timers_next_due_ms()
+RETURNS bigint
+LANGUAGE sql STABLE
+AS $$
+    SELECT greatest(0, ceil(extract(epoch FROM min(deliver_at) - clock_timestamp()) * 1000))::bigint
+      FROM stile.timers
+$$;
+
+-- A page of a queue's pending timers, by key, after p_after.
+CREATE OR REPLACE FUNCTION stile.timers_list(p_queue text, p_after text, p_limit integer)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    WITH page AS (
+        SELECT t FROM stile.timers t
+         WHERE t.queue = p_queue AND t.timer_key > coalesce(p_after, '') COLLATE "C"
+         ORDER BY t.timer_key LIMIT p_limit + 1
+    ), shown AS (
+        SELECT (p.t).* FROM page p ORDER BY (p.t).timer_key LIMIT p_limit
+    )
+    SELECT jsonb_build_object(
+        'rows', coalesce((SELECT jsonb_agg(stile.timer_row(s::stile.timers) ORDER BY s.timer_key) FROM shown s), '[]'),
+        'truncated', (SELECT count(*) FROM page) > p_limit,
+        'nextAfter', CASE WHEN (SELECT count(*) FROM page) > p_limit THEN (SELECT max(s.timer_key) FROM shown s) END)
+$$;
