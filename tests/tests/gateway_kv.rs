@@ -1,0 +1,222 @@
+//! KV and once over HTTP, against real gateway processes and PostgreSQL:
+//! each operation's verdicts, expiry, the path routes, two gateways racing
+//! one `once`, and bad bodies refused with nothing written.
+
+use hyper::Method;
+use serde_json::{Value, json};
+use stile_tests::gateway::{Client, Gateway, fresh_database};
+
+async fn kv(client: &mut Client, ops: Value) -> Value {
+    let reply = client.post("/api/v1/kv", json!({ "operations": ops }).to_string()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()
+}
+
+async fn one(client: &mut Client, op: Value) -> Value {
+    kv(client, json!([op])).await["results"][0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_answers_its_verdict() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+
+    let won = one(&mut c, json!({"op": "putIfAbsent", "ns": "orders", "key": "o1", "value": {"by": "a"}, "ttlSeconds": 60})).await;
+    assert_eq!((won["applied"].clone(), won["op"].clone()), (json!(true), json!("put")), "{won}");
+    let version = won["version"].as_i64().unwrap();
+    let lost = one(&mut c, json!({"op": "putIfAbsent", "ns": "orders", "key": "o1", "value": {"by": "b"}, "ttlSeconds": 60})).await;
+    assert_eq!(lost["applied"], json!(false));
+    assert_eq!(lost["reason"], json!("exists"));
+    assert_eq!((lost["value"].clone(), lost["version"].as_i64()), (json!({"by": "a"}), Some(version)), "the loser sees the winner");
+
+    let stale = one(&mut c, json!({"op": "put", "ns": "orders", "key": "o1", "value": 2, "forever": true, "expect": version + 100})).await;
+    assert_eq!((stale["applied"].clone(), stale["reason"].clone()), (json!(false), json!("version")));
+    let cas = one(&mut c, json!({"op": "put", "ns": "orders", "key": "o1", "value": 2, "forever": true, "expect": version})).await;
+    assert_eq!(cas["applied"], json!(true));
+    assert!(cas["version"].as_i64().unwrap() > version, "a write takes a new version");
+    let must_not_exist = one(&mut c, json!({"op": "put", "ns": "orders", "key": "o1", "value": 3, "forever": true, "expect": 0})).await;
+    assert_eq!(must_not_exist["reason"], json!("exists"));
+    let update_only = one(&mut c, json!({"op": "put", "ns": "orders", "key": "nope", "value": 3, "forever": true, "expect": 4})).await;
+    assert_eq!(update_only["reason"], json!("absent"));
+
+    let got = one(&mut c, json!({"op": "get", "ns": "orders", "key": "o1"})).await;
+    assert_eq!((got["found"].clone(), got["value"].clone(), got["expiresAt"].clone()), (json!(true), json!(2), Value::Null));
+    let missing = one(&mut c, json!({"op": "get", "ns": "orders", "key": "zz"})).await;
+    assert_eq!(missing["found"], json!(false));
+    assert!(missing.get("value").is_none(), "a miss carries no value: {missing}");
+
+    // incr: from zero, bounded by max without saturating, and only on numbers.
+    let counter = |delta: i64| json!({"op": "incr", "ns": "limits", "key": "c", "delta": delta, "max": 10, "ttlSeconds": 60});
+    assert_eq!(one(&mut c, counter(7)).await["value"], json!(7));
+    let refused = one(&mut c, counter(7)).await;
+    assert_eq!((refused["applied"].clone(), refused["reason"].clone(), refused["value"].clone()), (json!(false), json!("limit"), json!(7)));
+    assert_eq!(one(&mut c, counter(3)).await["value"], json!(10));
+    let typed = one(&mut c, json!({"op": "incr", "ns": "orders", "key": "o1", "forever": true})).await;
+    assert_eq!(typed["applied"], json!(true), "an integer value counts: {typed}");
+    one(&mut c, json!({"op": "put", "ns": "orders", "key": "text", "value": "x", "forever": true})).await;
+    let not_a_number = one(&mut c, json!({"op": "incr", "ns": "orders", "key": "text", "forever": true})).await;
+    assert_eq!(not_a_number["reason"], json!("type"));
+
+    // check, delete, getMany, getPrefix (keyset pages in byte order).
+    let absent = one(&mut c, json!({"op": "check", "ns": "orders", "key": "zz", "expect": 0})).await;
+    assert_eq!(absent["applied"], json!(true));
+    assert_eq!(one(&mut c, json!({"op": "delete", "ns": "orders", "key": "zz"})).await["reason"], json!("absent"));
+    assert_eq!(one(&mut c, json!({"op": "delete", "ns": "orders", "key": "text"})).await["applied"], json!(true));
+    let many = one(&mut c, json!({"op": "getMany", "ns": "orders", "keys": ["o1", "text", "zz"]})).await;
+    assert_eq!(many["rows"].as_array().unwrap().len(), 1);
+    assert_eq!(many["missing"], json!(["text", "zz"]));
+    for key in ["p/b", "p/a", "p/c", "q/a"] {
+        one(&mut c, json!({"op": "put", "ns": "pages", "key": key, "value": key, "forever": true})).await;
+    }
+    let page = one(&mut c, json!({"op": "getPrefix", "ns": "pages", "prefix": "p/", "limit": 2})).await;
+    let keys: Vec<&str> = page["rows"].as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!((keys, page["truncated"].clone(), page["nextAfter"].clone()), (vec!["p/a", "p/b"], json!(true), json!("p/b")));
+    let next = one(&mut c, json!({"op": "getPrefix", "ns": "pages", "prefix": "p/", "after": "p/b", "keysOnly": true})).await;
+    assert_eq!(next["rows"], json!([{"key": "p/c", "version": next["rows"][0]["version"]}]));
+    assert_eq!(next["truncated"], json!(false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_required_operation_writes_nothing_of_its_call() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    one(&mut c, json!({"op": "put", "ns": "o", "key": "gate", "value": "first", "forever": true})).await;
+    let answer = kv(
+        &mut c,
+        json!([
+            {"op": "put", "ns": "o", "key": "side-effect", "value": 1, "forever": true},
+            {"op": "putIfAbsent", "ns": "o", "key": "gate", "value": true, "ttlSeconds": 60, "required": true},
+        ]),
+    )
+    .await;
+    assert_eq!(answer["ok"], json!(false));
+    assert_eq!((answer["reason"].clone(), answer["failedIndex"].clone()), (json!("kv_precondition"), json!(1)));
+    assert_eq!((answer["kvReason"].clone(), answer["value"].clone()), (json!("exists"), json!("first")));
+    let side = one(&mut c, json!({"op": "get", "ns": "o", "key": "side-effect"})).await;
+    assert_eq!(side["found"], json!(false), "the put before the lost gate was rolled back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_key_is_never_returned_and_is_purged() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    one(&mut c, json!({"op": "put", "ns": "o", "key": "short", "value": 1, "ttlSeconds": 60})).await;
+    one(&mut c, json!({"op": "incr", "ns": "o", "key": "window", "ttlSeconds": 60})).await;
+    // Age both keys past their time in PostgreSQL, as the clock would.
+    let db = t.client().await;
+    db.execute("UPDATE stile.kv SET expires_at = clock_timestamp() - interval '1 second'", &[]).await.unwrap();
+
+    assert_eq!(one(&mut c, json!({"op": "get", "ns": "o", "key": "short"})).await["found"], json!(false));
+    let many = one(&mut c, json!({"op": "getMany", "ns": "o", "keys": ["short"]})).await;
+    assert_eq!(many["missing"], json!(["short"]));
+    let prefix = one(&mut c, json!({"op": "getPrefix", "ns": "o", "prefix": "s"})).await;
+    assert_eq!(prefix["rows"], json!([]));
+    assert_eq!(c.get("/api/v1/kv/o/short").await.status, 404);
+    let again = one(&mut c, json!({"op": "putIfAbsent", "ns": "o", "key": "short", "value": 2, "ttlSeconds": 60})).await;
+    assert_eq!(again["applied"], json!(true), "an expired key is absent to putIfAbsent");
+    let restarted = one(&mut c, json!({"op": "incr", "ns": "o", "key": "window", "delta": 5, "ttlSeconds": 60})).await;
+    assert_eq!(restarted["value"], json!(5), "an expired counter starts again from zero");
+
+    // The background purge deletes what expired (it runs every few seconds).
+    db.execute("UPDATE stile.kv SET expires_at = clock_timestamp() - interval '1 second'", &[]).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let left: i64 = db.query_one("SELECT count(*) FROM stile.kv", &[]).await.unwrap().get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{left} expired keys were not purged");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_path_routes_get_put_and_delete_one_key() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let put = c.send(Method::PUT, "/api/v1/kv/orders/a%2Fb/c", r#"{"value":{"x":1},"forever":true}"#, &[]).await.unwrap();
+    assert_eq!(put.status, 200, "{}", put.text());
+    let version = put.json()["results"][0]["version"].as_i64().unwrap();
+    let got = c.get("/api/v1/kv/orders/a%2Fb/c").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json()["key"], json!("a/b/c"));
+    assert_eq!(got.json()["value"], json!({"x": 1}));
+    let etag = one(&mut c, json!({"op": "get", "ns": "orders", "key": "a/b/c"})).await["version"].as_i64();
+    assert_eq!(etag, Some(version));
+    let deleted = c.send(Method::DELETE, "/api/v1/kv/orders/a%2Fb/c", "", &[]).await.unwrap();
+    assert_eq!(deleted.json()["results"][0]["applied"], json!(true));
+    assert_eq!(c.get("/api/v1/kv/orders/a%2Fb/c").await.status, 404);
+    let bad = c.send(Method::PUT, "/api/v1/kv/orders/k", r#"{"value":1}"#, &[]).await.unwrap();
+    assert_eq!(bad.status, 400);
+    assert!(bad.error().contains("ttlSeconds or forever"), "{}", bad.error());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_racing_one_once_have_exactly_one_winner() {
+    const CALLERS: usize = 16;
+    const KEYS: usize = 20;
+    let t = fresh_database().await;
+    let gateways = [Gateway::start(&t.url()).await, Gateway::start(&t.url()).await];
+    let mut tasks = Vec::new();
+    for caller in 0..CALLERS {
+        let mut client = gateways[caller % 2].client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut won = Vec::new();
+            for key in 0..KEYS {
+                let op = json!({"op": "putIfAbsent", "ns": "once", "key": format!("k{key}"), "value": caller,
+                                "ttlSeconds": 600, "required": true});
+                let answer = kv(&mut client, json!([op])).await;
+                if answer.get("results").is_some() {
+                    assert_eq!(answer["results"][0]["applied"], json!(true), "{answer}");
+                    won.push(key);
+                } else {
+                    assert_eq!(answer["reason"], json!("kv_precondition"), "{answer}");
+                }
+            }
+            (caller, won)
+        }));
+    }
+    let mut winners = vec![Vec::new(); KEYS];
+    for task in tasks {
+        let (caller, won) = task.await.unwrap();
+        for key in won {
+            winners[key].push(caller);
+        }
+    }
+    let db = t.client().await;
+    for (key, winners) in winners.iter().enumerate() {
+        assert_eq!(winners.len(), 1, "key k{key} was won by {winners:?}");
+        let row = db.query_one("SELECT value FROM stile.kv WHERE ns = 'once' AND key = $1", &[&format!("k{key}")]).await.unwrap();
+        let stored: Value = row.get(0);
+        assert_eq!(stored, json!(winners[0]), "the stored value is the winner's");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_bodies_are_refused_naming_the_field_and_write_nothing() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let cases = [
+        (json!({"operations": [{"op": "put", "ns": "o", "key": "a", "value": 1, "forever": true},
+                               {"op": "put", "ns": "o", "key": "b", "value": 1}]}), "operations[1]: exactly one of ttlSeconds or forever"),
+        (json!({"operations": [{"op": "put", "ns": "o", "key": "a", "value": 1, "forever": true},
+                               {"op": "get", "ns": "NO", "key": "b"}]}), "operations[1].ns"),
+        (json!({"operations": [{"op": "put", "ns": "o", "key": "a", "value": "x".repeat(70_000), "forever": true}]}), "operations[0].value"),
+        (json!({"operations": "nope"}), "operations: expected an array"),
+        (json!({"operations": [{"op": "incr", "ns": "o", "key": "a", "delta": "1", "forever": true}]}), "operations[0].delta"),
+    ];
+    for (body, expected) in cases {
+        let reply = c.post("/api/v1/kv", body.to_string()).await;
+        assert!(matches!(reply.status, 400 | 413), "{body}: {}", reply.status);
+        assert!(reply.error().starts_with(expected), "{body}: {}", reply.error());
+    }
+    let reply = c.post("/api/v1/kv", "{\"operations\": [").await;
+    assert_eq!(reply.status, 400);
+    let rows: i64 = t.client().await.query_one("SELECT count(*) FROM stile.kv", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 0, "a refused request wrote nothing");
+}
