@@ -201,6 +201,11 @@ impl Process {
         assert_eq!(rc, 0, "kill -TERM {pid}: {}", std::io::Error::last_os_error());
     }
 
+    /// Sends SIGKILL: `kill -9`, nothing flushed or closed.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
     /// Waits until the process has exited (both its pipes closed), killing it
     /// after `timeout`, and returns its exit status.
     pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {

@@ -1,0 +1,169 @@
+//! Transactions over HTTP against real gateways and PostgreSQL: all or
+//! nothing, a stored id rolls everything back, a repeat inside commits once,
+//! a lost gate writes nothing, a retry after a commit writes nothing, acks
+//! are refused, and the cache stays sound (and warm) beside them.
+
+use serde_json::{Value, json};
+use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, item, metric};
+use stile_tests::pg::TestDb;
+
+async fn transaction(client: &mut Client, body: Value) -> Value {
+    let reply = client.post("/api/v1/transaction", body.to_string()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()
+}
+
+fn push(queue: &str, partition: &str, ids: &[&str]) -> Value {
+    let items: Vec<Value> =
+        ids.iter().map(|id| json!({"queue": queue, "partition": partition, "transactionId": id, "payload": {"id": id}})).collect();
+    json!({"type": "push", "items": items})
+}
+
+fn once(key: &str) -> Value {
+    json!({"op": "putIfAbsent", "ns": "steps", "key": key, "value": true, "ttlSeconds": 600, "required": true})
+}
+
+/// Every stored transactionId of a partition, in offset order.
+async fn stored(t: &TestDb, queue: &str, partition: &str) -> Vec<String> {
+    let c = t.client().await;
+    let rows = c
+        .query(
+            "SELECT transaction_id FROM stile.messages WHERE queue = $1 AND partition = $2 ORDER BY \"offset\"",
+            &[&queue, &partition],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+async fn counts(t: &TestDb) -> (i64, i64, i64) {
+    let c = t.client().await;
+    let row = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM stile.messages), (SELECT count(*) FROM stile.kv), (SELECT count(*) FROM stile.timers)",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_commits_its_pushes_keys_and_timers_together() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let answer = transaction(
+        &mut c,
+        json!({
+            "operations": [push("emails", "u1", &["mail-1", "mail-1"]), push("audit", "Default", &["a-1"])],
+            "requiredLeases": [],
+            "kv": [once("welcome-u1")],
+            "timers": [{"op": "schedule", "queue": "reminders", "timerKey": "u1", "delayMs": 3_600_000, "txn": "r-1",
+                        "payload": "eyJ1IjoxfQ=="}],
+        }),
+    )
+    .await;
+    assert_eq!(answer["success"], json!(true), "{answer}");
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results.len(), 5);
+    assert_eq!((results[0]["type"].clone(), results[0]["index"].clone()), (json!("push"), json!(0)));
+    assert!(results[0].get("duplicate").is_none());
+    assert_eq!(results[1]["duplicate"], json!(true), "a repeat inside the transaction follows the first");
+    assert_eq!(results[1]["messageId"], results[0]["messageId"]);
+    assert_eq!((results[3]["type"].clone(), results[3]["opIndex"].clone(), results[3]["applied"].clone()), (json!("kv"), json!(0), json!(true)));
+    assert_eq!((results[4]["type"].clone(), results[4]["status"].clone()), (json!("timer"), json!("scheduled")));
+    assert_eq!(stored(&t, "emails", "u1").await, vec!["mail-1"], "the repeat is stored once");
+    assert_eq!(counts(&t).await, (2, 1, 1));
+
+    // The same transaction again: its pushes are stored, so it writes nothing.
+    let retry = transaction(
+        &mut c,
+        json!({"operations": [push("emails", "u1", &["mail-1"])], "kv": [once("another-key")],
+               "timers": [{"op": "cancel", "queue": "reminders", "timerKey": "u1"}]}),
+    )
+    .await;
+    assert_eq!((retry["success"].clone(), retry["reason"].clone()), (json!(false), json!("duplicate")), "{retry}");
+    assert_eq!(retry["results"], json!([]));
+    assert_eq!(counts(&t).await, (2, 1, 1), "a rolled-back transaction wrote nothing: no key, the timer still pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_gate_rolls_back_the_pushes_before_it() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let first = transaction(&mut c, json!({"operations": [push("emails", "u1", &["m-1"])], "kv": [once("step-1")]})).await;
+    assert_eq!(first["success"], json!(true));
+    // A redelivery with a fresh push id: the gate is what refuses it.
+    let second = transaction(
+        &mut c,
+        json!({"operations": [push("emails", "u1", &["m-2", "m-3"])],
+               "kv": [{"op": "put", "ns": "other", "key": "x", "value": 1, "forever": true}, once("step-1")]}),
+    )
+    .await;
+    assert_eq!(second["success"], json!(false), "{second}");
+    assert_eq!(second["reason"], json!("kv_precondition"));
+    assert_eq!(second["failedIndex"], json!(3), "the flat index: two pushed items, then the kv rider");
+    assert_eq!((second["kvReason"].clone(), second["value"].clone()), (json!("exists"), json!(true)));
+    assert_eq!(stored(&t, "emails", "u1").await, vec!["m-1"], "the pushes before the lost gate were rolled back");
+    assert_eq!(counts(&t).await, (1, 1, 0));
+    // The ids of the rolled-back pushes are free: a plain push stores them.
+    let answers = c.push(vec![item("emails", "u1", Some("m-2"), json!(2))]).await;
+    assert!(answers[0].queued(), "{answers:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_and_bad_bodies_are_refused_and_write_nothing() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let cases = [
+        (json!({"operations": [push("q", "p", &["a"]), {"type": "ack", "transactionId": "a", "partitionId": "x"}]}), "operations[1].type: ack is refused"),
+        (json!({"operations": [push("q", "p", &["a"]), {"type": "push", "items": [{"queue": "", "transactionId": "b"}]}]}), "operations[1].items[0].queue"),
+        (json!({"operations": [push("q", "p", &["a"])], "kv": [{"op": "put", "ns": "o", "key": "k", "value": 1}]}), "kv[0]: exactly one of"),
+        (json!({"operations": [push("q", "p", &["a"])], "timers": [{"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": 1}]}), "timers[0].payload"),
+        (json!({"operations": [push("q", "p", &["a"])], "requiredLeases": ["lease-1"]}), "requiredLeases"),
+        (json!({"operations": []}), "operations: the transaction has nothing to do"),
+    ];
+    for (body, expected) in cases {
+        let reply = c.post("/api/v1/transaction", body.to_string()).await;
+        assert_eq!(reply.status, 400, "{body}: {}", reply.text());
+        assert!(reply.error().starts_with(expected), "{body}: {}", reply.error());
+    }
+    assert_eq!(counts(&t).await, (0, 0, 0));
+}
+
+/// Plain pushes and transactions into the same partitions through one
+/// gateway: every id already stored answers duplicate whichever way it was
+/// stored, and the cache is told of each transaction's segments, so it is
+/// not rebuilt once per transaction and keeps skipping the probe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_keep_the_cache_sound_and_warm() {
+    const ROUNDS: usize = 60;
+    let t = fresh_database().await;
+    let gw = Gateway::start_with(&t.url(), &GatewayOptions { shards: Some(1), ..GatewayOptions::default() }).await;
+    let mut c = gw.client().await;
+    c.push(vec![item("q", "p", Some("seed"), json!(0))]).await;
+    for round in 0..ROUNDS {
+        let tx_id = format!("tx-{round}");
+        let answer = transaction(&mut c, json!({"operations": [push("q", "p", &[&tx_id])]})).await;
+        assert_eq!(answer["success"], json!(true), "{answer}");
+        let plain = format!("plain-{round}");
+        let answers = c
+            .push(vec![item("q", "p", Some(&plain), json!(1)), item("q", "p", Some(&tx_id), json!(1))])
+            .await;
+        assert!(answers[0].queued(), "round {round}: {answers:?}");
+        assert!(answers[1].duplicate(), "round {round}: the transaction's id must answer duplicate: {answers:?}");
+        let replay = transaction(&mut c, json!({"operations": [push("q", "p", &[&plain])]})).await;
+        assert_eq!(replay["reason"], json!("duplicate"), "round {round}: {replay}");
+    }
+    let text = c.metrics().await;
+    let installed = metric(&text, "stile_hydrations_total{outcome=\"installed\"}");
+    assert!(installed <= 3.0, "{installed} hydrations for {ROUNDS} transactions:\n{text}");
+    let skipped = metric(&text, "stile_segments_total{probe=\"skipped\"}") + metric(&text, "stile_segments_total{probe=\"narrowed\"}");
+    assert!(skipped >= (ROUNDS / 2) as f64, "the cache stopped vouching beside transactions:\n{text}");
+    assert_eq!(stored(&t, "q", "p").await.len(), 1 + 2 * ROUNDS);
+    assert_eq!(metric(&text, "stile_transactions_total{outcome=\"committed\"}"), ROUNDS as f64);
+    assert_eq!(metric(&text, "stile_transactions_total{outcome=\"duplicate\"}"), ROUNDS as f64);
+}
