@@ -22,22 +22,33 @@ async fn every_operation_answers_its_verdict() {
     let gw = Gateway::start(&t.url()).await;
     let mut c = gw.client().await;
 
-    let won = one(&mut c, json!({"op": "putIfAbsent", "ns": "orders", "key": "o1", "value": {"by": "a"}, "ttlSeconds": 60})).await;
+    let won =
+        one(&mut c, json!({"op": "putIfAbsent", "ns": "orders", "key": "o1", "value": {"by": "a"}, "ttlSeconds": 60})).await;
     assert_eq!((won["applied"].clone(), won["op"].clone()), (json!(true), json!("put")), "{won}");
     let version = won["version"].as_i64().unwrap();
-    let lost = one(&mut c, json!({"op": "putIfAbsent", "ns": "orders", "key": "o1", "value": {"by": "b"}, "ttlSeconds": 60})).await;
+    let lost =
+        one(&mut c, json!({"op": "putIfAbsent", "ns": "orders", "key": "o1", "value": {"by": "b"}, "ttlSeconds": 60})).await;
     assert_eq!(lost["applied"], json!(false));
     assert_eq!(lost["reason"], json!("exists"));
-    assert_eq!((lost["value"].clone(), lost["version"].as_i64()), (json!({"by": "a"}), Some(version)), "the loser sees the winner");
+    assert_eq!(
+        (lost["value"].clone(), lost["version"].as_i64()),
+        (json!({"by": "a"}), Some(version)),
+        "the loser sees the winner"
+    );
 
-    let stale = one(&mut c, json!({"op": "put", "ns": "orders", "key": "o1", "value": 2, "forever": true, "expect": version + 100})).await;
+    let stale =
+        one(&mut c, json!({"op": "put", "ns": "orders", "key": "o1", "value": 2, "forever": true, "expect": version + 100}))
+            .await;
     assert_eq!((stale["applied"].clone(), stale["reason"].clone()), (json!(false), json!("version")));
-    let cas = one(&mut c, json!({"op": "put", "ns": "orders", "key": "o1", "value": 2, "forever": true, "expect": version})).await;
+    let cas =
+        one(&mut c, json!({"op": "put", "ns": "orders", "key": "o1", "value": 2, "forever": true, "expect": version})).await;
     assert_eq!(cas["applied"], json!(true));
     assert!(cas["version"].as_i64().unwrap() > version, "a write takes a new version");
-    let must_not_exist = one(&mut c, json!({"op": "put", "ns": "orders", "key": "o1", "value": 3, "forever": true, "expect": 0})).await;
+    let must_not_exist =
+        one(&mut c, json!({"op": "put", "ns": "orders", "key": "o1", "value": 3, "forever": true, "expect": 0})).await;
     assert_eq!(must_not_exist["reason"], json!("exists"));
-    let update_only = one(&mut c, json!({"op": "put", "ns": "orders", "key": "nope", "value": 3, "forever": true, "expect": 4})).await;
+    let update_only =
+        one(&mut c, json!({"op": "put", "ns": "orders", "key": "nope", "value": 3, "forever": true, "expect": 4})).await;
     assert_eq!(update_only["reason"], json!("absent"));
 
     let got = one(&mut c, json!({"op": "get", "ns": "orders", "key": "o1"})).await;
@@ -50,7 +61,10 @@ async fn every_operation_answers_its_verdict() {
     let counter = |delta: i64| json!({"op": "incr", "ns": "limits", "key": "c", "delta": delta, "max": 10, "ttlSeconds": 60});
     assert_eq!(one(&mut c, counter(7)).await["value"], json!(7));
     let refused = one(&mut c, counter(7)).await;
-    assert_eq!((refused["applied"].clone(), refused["reason"].clone(), refused["value"].clone()), (json!(false), json!("limit"), json!(7)));
+    assert_eq!(
+        (refused["applied"].clone(), refused["reason"].clone(), refused["value"].clone()),
+        (json!(false), json!("limit"), json!(7))
+    );
     assert_eq!(one(&mut c, counter(3)).await["value"], json!(10));
     let typed = one(&mut c, json!({"op": "incr", "ns": "orders", "key": "o1", "forever": true})).await;
     assert_eq!(typed["applied"], json!(true), "an integer value counts: {typed}");
@@ -202,11 +216,20 @@ async fn bad_bodies_are_refused_naming_the_field_and_write_nothing() {
     let gw = Gateway::start(&t.url()).await;
     let mut c = gw.client().await;
     let cases = [
-        (json!({"operations": [{"op": "put", "ns": "o", "key": "a", "value": 1, "forever": true},
-                               {"op": "put", "ns": "o", "key": "b", "value": 1}]}), "operations[1]: exactly one of ttlSeconds or forever"),
-        (json!({"operations": [{"op": "put", "ns": "o", "key": "a", "value": 1, "forever": true},
-                               {"op": "get", "ns": "NO", "key": "b"}]}), "operations[1].ns"),
-        (json!({"operations": [{"op": "put", "ns": "o", "key": "a", "value": "x".repeat(70_000), "forever": true}]}), "operations[0].value"),
+        (
+            json!({"operations": [{"op": "put", "ns": "o", "key": "a", "value": 1, "forever": true},
+                               {"op": "put", "ns": "o", "key": "b", "value": 1}]}),
+            "operations[1]: exactly one of ttlSeconds or forever",
+        ),
+        (
+            json!({"operations": [{"op": "put", "ns": "o", "key": "a", "value": 1, "forever": true},
+                               {"op": "get", "ns": "NO", "key": "b"}]}),
+            "operations[1].ns",
+        ),
+        (
+            json!({"operations": [{"op": "put", "ns": "o", "key": "a", "value": "x".repeat(70_000), "forever": true}]}),
+            "operations[0].value",
+        ),
         (json!({"operations": "nope"}), "operations: expected an array"),
         (json!({"operations": [{"op": "incr", "ns": "o", "key": "a", "delta": "1", "forever": true}]}), "operations[0].delta"),
     ];

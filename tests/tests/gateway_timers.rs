@@ -61,17 +61,30 @@ async fn a_timer_fires_once_with_its_txn_and_promised_message_id() {
     let t = fresh_database().await;
     let gw = Gateway::start(&t.url()).await;
     let mut c = gw.client().await;
-    let results = timers(&mut c, vec![schedule("jobs", "past", -60_000, "txn-past", json!({"n": 1})), schedule("jobs", "soon", 300, "txn-soon", json!({"n": 2}))]).await;
+    let results = timers(
+        &mut c,
+        vec![
+            schedule("jobs", "past", -60_000, "txn-past", json!({"n": 1})),
+            schedule("jobs", "soon", 300, "txn-soon", json!({"n": 2})),
+        ],
+    )
+    .await;
     assert_eq!((results[0]["ok"].clone(), results[0]["status"].clone()), (json!(true), json!("scheduled")));
     let promised = results[1]["messageId"].as_str().unwrap().to_owned();
     let messages = wait_delivered(&t, "jobs", 2).await;
     assert_eq!(messages[0].0, "txn-past", "a delay in the past fires on the first sweep");
-    assert_eq!((messages[1].0.as_str(), messages[1].1.as_str(), &messages[1].2), ("txn-soon", promised.as_str(), &json!({"n": 2})));
+    assert_eq!(
+        (messages[1].0.as_str(), messages[1].1.as_str(), &messages[1].2),
+        ("txn-soon", promised.as_str(), &json!({"n": 2}))
+    );
     assert_eq!(pending(&t).await, 0);
     // After the fire the timer is no longer pending: a cancel answers absent
     // (which may mean delivered), and peek finds nothing.
     let cancel = c.send(Method::DELETE, "/api/v1/timers/jobs/soon?txn=txn-soon", "", &[]).await.unwrap().json();
-    assert_eq!((cancel["ok"].clone(), cancel["status"].clone(), cancel["txn"].clone()), (json!(false), json!("absent"), json!("txn-soon")));
+    assert_eq!(
+        (cancel["ok"].clone(), cancel["status"].clone(), cancel["txn"].clone()),
+        (json!(false), json!("absent"), json!("txn-soon"))
+    );
     assert_eq!(c.get("/api/v1/timers/jobs/soon").await.json(), json!({"found": false}));
 }
 
@@ -81,18 +94,44 @@ async fn cancel_reschedule_peek_and_list() {
     let gw = Gateway::start(&t.url()).await;
     let mut c = gw.client().await;
     let hour = 3_600_000;
-    timers(&mut c, vec![schedule("q", "a", hour, "t-a", json!(1)), schedule("q", "b/1", hour, "t-b", json!(2)), schedule("q", "c", hour, "t-c", json!(3))]).await;
+    timers(
+        &mut c,
+        vec![
+            schedule("q", "a", hour, "t-a", json!(1)),
+            schedule("q", "b/1", hour, "t-b", json!(2)),
+            schedule("q", "c", hour, "t-c", json!(3)),
+        ],
+    )
+    .await;
     let rescheduled = timers(&mut c, vec![json!({"op": "reschedule", "queue": "q", "timerKey": "a", "delayMs": hour, "txn": "t-a2", "payload": b64(&json!("new"))})]).await;
     assert_eq!((rescheduled[0]["status"].clone(), rescheduled[0]["txn"].clone()), (json!("rescheduled"), json!("t-a2")));
     let peek = c.get("/api/v1/timers/q/a").await.json();
-    assert_eq!((peek["found"].clone(), peek["txn"].clone(), peek["payload"].clone()), (json!(true), json!("t-a2"), json!(b64(&json!("new")))));
+    assert_eq!(
+        (peek["found"].clone(), peek["txn"].clone(), peek["payload"].clone()),
+        (json!(true), json!("t-a2"), json!(b64(&json!("new"))))
+    );
     let cancelled = c.send(Method::DELETE, "/api/v1/timers/q/b/1", "", &[]).await.unwrap().json();
-    assert_eq!((cancelled["ok"].clone(), cancelled["status"].clone(), cancelled["txn"].clone()), (json!(true), json!("cancelled"), json!("t-b")));
+    assert_eq!(
+        (cancelled["ok"].clone(), cancelled["status"].clone(), cancelled["txn"].clone()),
+        (json!(true), json!("cancelled"), json!("t-b"))
+    );
     let page = c.get("/api/v1/timers/q?limit=1").await.json();
-    assert_eq!((page["rows"][0]["timerKey"].clone(), page["truncated"].clone(), page["nextAfter"].clone()), (json!("a"), json!(true), json!("a")));
+    assert_eq!(
+        (page["rows"][0]["timerKey"].clone(), page["truncated"].clone(), page["nextAfter"].clone()),
+        (json!("a"), json!(true), json!("a"))
+    );
     let rest = c.get("/api/v1/timers/q?after=a").await.json();
-    assert_eq!((rest["rows"].as_array().unwrap().len(), rest["rows"][0]["timerKey"].clone(), rest["truncated"].clone()), (1, json!("c"), json!(false)));
-    let bad = c.post("/api/v1/timers", json!({"operations": [{"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": 1, "payload": "bm9wZQ=="}]}).to_string()).await;
+    assert_eq!(
+        (rest["rows"].as_array().unwrap().len(), rest["rows"][0]["timerKey"].clone(), rest["truncated"].clone()),
+        (1, json!("c"), json!(false))
+    );
+    let bad = c
+        .post(
+            "/api/v1/timers",
+            json!({"operations": [{"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": 1, "payload": "bm9wZQ=="}]})
+                .to_string(),
+        )
+        .await;
     assert_eq!(bad.status, 400);
     assert!(bad.error().starts_with("operations[0].payload"), "{}", bad.error());
     assert_eq!(pending(&t).await, 2, "nothing was written by the refused request, and nothing has fired");
@@ -136,8 +175,11 @@ async fn a_gateway_killed_mid_fire_leaves_the_timer_pending() {
     let mut blocker = t.client().await;
     let lock = blocker.transaction().await.unwrap();
     lock.execute("SELECT 1 FROM stile.partitions WHERE queue = 'held' AND name = 'p' FOR UPDATE", &[]).await.unwrap();
-    timers(&mut c, vec![json!({"op": "schedule", "queue": "held", "timerKey": "k", "delayMs": 0, "txn": "fired-once",
-                               "partition": "p", "payload": b64(&json!("x"))})])
+    timers(
+        &mut c,
+        vec![json!({"op": "schedule", "queue": "held", "timerKey": "k", "delayMs": 0, "txn": "fired-once",
+                               "partition": "p", "payload": b64(&json!("x"))})],
+    )
     .await;
 
     // Wait until the fire has taken the timer and waits for the partition.

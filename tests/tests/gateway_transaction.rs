@@ -14,8 +14,10 @@ async fn transaction(client: &mut Client, body: Value) -> Value {
 }
 
 fn push(queue: &str, partition: &str, ids: &[&str]) -> Value {
-    let items: Vec<Value> =
-        ids.iter().map(|id| json!({"queue": queue, "partition": partition, "transactionId": id, "payload": {"id": id}})).collect();
+    let items: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"queue": queue, "partition": partition, "transactionId": id, "payload": {"id": id}}))
+        .collect();
     json!({"type": "push", "items": items})
 }
 
@@ -71,7 +73,10 @@ async fn a_transaction_commits_its_pushes_keys_and_timers_together() {
     assert!(results[0].get("duplicate").is_none());
     assert_eq!(results[1]["duplicate"], json!(true), "a repeat inside the transaction follows the first");
     assert_eq!(results[1]["messageId"], results[0]["messageId"]);
-    assert_eq!((results[3]["type"].clone(), results[3]["opIndex"].clone(), results[3]["applied"].clone()), (json!("kv"), json!(0), json!(true)));
+    assert_eq!(
+        (results[3]["type"].clone(), results[3]["opIndex"].clone(), results[3]["applied"].clone()),
+        (json!("kv"), json!(0), json!(true))
+    );
     assert_eq!((results[4]["type"].clone(), results[4]["status"].clone()), (json!("timer"), json!("scheduled")));
     assert_eq!(stored(&t, "emails", "u1").await, vec!["mail-1"], "the repeat is stored once");
     assert_eq!(counts(&t).await, (2, 1, 1));
@@ -119,10 +124,22 @@ async fn acks_and_bad_bodies_are_refused_and_write_nothing() {
     let gw = Gateway::start(&t.url()).await;
     let mut c = gw.client().await;
     let cases = [
-        (json!({"operations": [push("q", "p", &["a"]), {"type": "ack", "transactionId": "a", "partitionId": "x"}]}), "operations[1].type: ack is refused"),
-        (json!({"operations": [push("q", "p", &["a"]), {"type": "push", "items": [{"queue": "", "transactionId": "b"}]}]}), "operations[1].items[0].queue"),
-        (json!({"operations": [push("q", "p", &["a"])], "kv": [{"op": "put", "ns": "o", "key": "k", "value": 1}]}), "kv[0]: exactly one of"),
-        (json!({"operations": [push("q", "p", &["a"])], "timers": [{"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": 1}]}), "timers[0].payload"),
+        (
+            json!({"operations": [push("q", "p", &["a"]), {"type": "ack", "transactionId": "a", "partitionId": "x"}]}),
+            "operations[1].type: ack is refused",
+        ),
+        (
+            json!({"operations": [push("q", "p", &["a"]), {"type": "push", "items": [{"queue": "", "transactionId": "b"}]}]}),
+            "operations[1].items[0].queue",
+        ),
+        (
+            json!({"operations": [push("q", "p", &["a"])], "kv": [{"op": "put", "ns": "o", "key": "k", "value": 1}]}),
+            "kv[0]: exactly one of",
+        ),
+        (
+            json!({"operations": [push("q", "p", &["a"])], "timers": [{"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": 1}]}),
+            "timers[0].payload",
+        ),
         (json!({"operations": [push("q", "p", &["a"])], "requiredLeases": ["lease-1"]}), "requiredLeases"),
         (json!({"operations": []}), "operations: the transaction has nothing to do"),
     ];
@@ -150,9 +167,7 @@ async fn transactions_keep_the_cache_sound_and_warm() {
         let answer = transaction(&mut c, json!({"operations": [push("q", "p", &[&tx_id])]})).await;
         assert_eq!(answer["success"], json!(true), "{answer}");
         let plain = format!("plain-{round}");
-        let answers = c
-            .push(vec![item("q", "p", Some(&plain), json!(1)), item("q", "p", Some(&tx_id), json!(1))])
-            .await;
+        let answers = c.push(vec![item("q", "p", Some(&plain), json!(1)), item("q", "p", Some(&tx_id), json!(1))]).await;
         assert!(answers[0].queued(), "round {round}: {answers:?}");
         assert!(answers[1].duplicate(), "round {round}: the transaction's id must answer duplicate: {answers:?}");
         let replay = transaction(&mut c, json!({"operations": [push("q", "p", &[&plain])]})).await;
@@ -161,7 +176,8 @@ async fn transactions_keep_the_cache_sound_and_warm() {
     let text = c.metrics().await;
     let installed = metric(&text, "stile_hydrations_total{outcome=\"installed\"}");
     assert!(installed <= 3.0, "{installed} hydrations for {ROUNDS} transactions:\n{text}");
-    let skipped = metric(&text, "stile_segments_total{probe=\"skipped\"}") + metric(&text, "stile_segments_total{probe=\"narrowed\"}");
+    let skipped =
+        metric(&text, "stile_segments_total{probe=\"skipped\"}") + metric(&text, "stile_segments_total{probe=\"narrowed\"}");
     assert!(skipped >= (ROUNDS / 2) as f64, "the cache stopped vouching beside transactions:\n{text}");
     assert_eq!(stored(&t, "q", "p").await.len(), 1 + 2 * ROUNDS);
     assert_eq!(metric(&text, "stile_transactions_total{outcome=\"committed\"}"), ROUNDS as f64);
