@@ -19,7 +19,7 @@ use crate::db::{ClockFloor, Db, DbError, MessageOutcome, PartitionMeta, SegmentP
 use crate::fusion::Message;
 use crate::hash::txn_hash;
 use crate::metrics::Metrics;
-use crate::shard::{Committed, Outcome, PartitionPushRequest, PushFailure, ShardHandle};
+use crate::shard::{Committed, Outcome, PartitionPushRequest, PushFailure, ShardHandle, VouchRequest};
 
 /// How long partition metadata is trusted. It bounds how long a configure can
 /// go unnoticed by the cache; the push function guards exactness meanwhile.
@@ -62,7 +62,22 @@ pub struct TransactionalPush {
     pub payload: Payload,
 }
 
-/// What [`Gateway::push_in`] did, before the transaction commits.
+/// Messages ready to push inside a transaction: layer 1 applied, one
+/// segment per partition (see [`Gateway::plan_pushes`]).
+#[derive(Debug)]
+pub struct PlannedPushes {
+    pushes: Vec<TransactionalPush>,
+    hashes: Vec<[u8; 16]>,
+    /// For every push, the push it follows (itself for a leader).
+    leader_of: Vec<usize>,
+    /// Each segment's leaders, in segment order.
+    leaders: Vec<Vec<usize>>,
+    segments: Vec<SegmentPush>,
+    /// What the segments' vouches assume of PostgreSQL's clock.
+    clock_floor: ClockFloor,
+}
+
+/// What [`Gateway::push_planned`] did, before the transaction commits.
 #[derive(Debug)]
 pub struct PushedInTransaction {
     /// One answer per push, in order. A repeat of an earlier push of the
@@ -121,19 +136,15 @@ impl Gateway {
         Ok(results)
     }
 
-    /// Pushes messages in the open transaction of `client`, all probed in
-    /// full under their partitions' row locks (the cache vouches only for
-    /// its own bundles). Nothing is visible until the caller commits; then
-    /// it hands [`PushedInTransaction::committed`] to
-    /// [`Gateway::committed_elsewhere`].
-    pub async fn push_in(
-        &self,
-        client: &impl GenericClient,
-        pushes: Vec<TransactionalPush>,
-    ) -> Result<PushedInTransaction, DbError> {
-        // Layer 1: an id repeated for one partition follows its first push.
-        // By hash, as the shards' layer 2 compares, so that a segment's
-        // hashes are distinct.
+    /// Layer 1 and partition lookups for messages to push inside a
+    /// transaction, done before the transaction takes its connection: a
+    /// lookup takes a pooled connection of its own, and a transaction that
+    /// held one while it waited for another could wait for ever once the
+    /// pool is spent.
+    pub async fn plan_pushes(&self, pushes: Vec<TransactionalPush>) -> Result<PlannedPushes, DbError> {
+        // An id repeated for one partition follows its first push. By hash,
+        // as the shards' layer 2 compares, so that a segment's hashes are
+        // distinct.
         let hashes: Vec<[u8; 16]> = pushes.iter().map(|p| txn_hash(&p.transaction_id)).collect();
         let mut first: HashMap<(&str, &str, [u8; 16]), usize> = HashMap::new();
         let mut leader_of = Vec::with_capacity(pushes.len());
@@ -146,23 +157,51 @@ impl Gateway {
             }
         }
         let mut segments = Vec::with_capacity(groups.len());
+        let mut clock_floor = ClockFloor::EPOCH;
         for (&(queue, partition), leaders) in &groups {
-            let (meta, _) = self.partition_meta(queue, partition).await?;
+            let (meta, window_read_at) = self.partition_meta(queue, partition).await?;
+            let segment_hashes: Vec<u8> = leaders.iter().flat_map(|&i| hashes[i]).collect();
+            let shard = &self.shards[shard_of(meta.id, self.shards.len())];
+            let vouch = shard
+                .vouch(VouchRequest {
+                    partition_id: meta.id,
+                    window_seconds: meta.window_seconds,
+                    window_read_at,
+                    hashes: segment_hashes.clone(),
+                })
+                .await;
+            // One floor for all the segments: the latest, so that each
+            // vouch holds once PostgreSQL's clock has passed it.
+            if vouch.p_verified >= 0 {
+                clock_floor = clock_floor.max(vouch.clock_floor);
+            }
             segments.push(SegmentPush {
                 partition_id: meta.id,
-                p_verified: -1,
+                p_verified: vouch.p_verified,
                 planned_window_seconds: meta.window_seconds,
-                hashes: leaders.iter().flat_map(|&i| hashes[i]).collect(),
+                hashes: segment_hashes,
                 message_ids: leaders.iter().map(|&i| pushes[i].message_id).collect(),
                 transaction_ids: leaders.iter().map(|&i| pushes[i].transaction_id.clone()).collect(),
                 payloads: leaders.iter().map(|&i| pushes[i].payload.clone()).collect(),
             });
         }
-        let outcomes = push_on(client, ClockFloor::EPOCH, &segments).await?;
+        let leaders = groups.into_values().collect();
+        Ok(PlannedPushes { pushes, hashes, leader_of, leaders, segments, clock_floor })
+    }
+
+    /// Pushes planned messages in the open transaction of `client`, each
+    /// segment probed under its partition's row lock above what its shard's
+    /// cache vouched for when it was planned. Nothing is visible until the caller
+    /// commits; then it hands [`PushedInTransaction::committed`] to
+    /// [`Gateway::committed_elsewhere`].
+    pub async fn push_planned(&self, client: &impl GenericClient, planned: PlannedPushes) -> Result<PushedInTransaction, DbError> {
+        let PlannedPushes { pushes, hashes, leader_of, leaders, segments, clock_floor } = planned;
+        let outcomes = push_on(client, clock_floor, &segments).await?;
         let mut answers: Vec<Option<(Uuid, i64)>> = vec![None; pushes.len()];
         let mut already_stored = 0;
         let mut committed = Vec::new();
-        for ((segment, leaders), outcome) in segments.iter().zip(groups.values()).zip(&outcomes) {
+        for ((segment, leaders), outcome) in segments.iter().zip(&leaders).zip(&outcomes) {
+            self.metrics.segment(outcome.probe);
             let mut stored_hashes = Vec::with_capacity(segment.hashes.len());
             for ((k, &item), message) in leaders.iter().enumerate().zip(outcome.per_message(leaders.len())) {
                 answers[item] = Some(match message {

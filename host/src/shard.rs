@@ -126,6 +126,20 @@ impl ShardHandle {
         answer.await.map_err(|_| PushFailure::ShuttingDown)?
     }
 
+    /// Asks the cache what it vouches for a segment that will be pushed
+    /// outside the shard's bundles. The vouch stays sound however late the
+    /// push runs: it covers offsets already committed, the push function
+    /// probes everything above it (it clamps `p_verified` to the allocator
+    /// under the row lock), and it honours it only once its clock has
+    /// reached the floor. A shard that is gone vouches for nothing.
+    pub async fn vouch(&self, request: VouchRequest) -> Vouch {
+        let (reply, answer) = oneshot::channel();
+        if self.tx.send(Work::Vouch(request, reply)).await.is_err() {
+            return Vouch::NONE;
+        }
+        answer.await.unwrap_or(Vouch::NONE)
+    }
+
     /// Tells the shard's cache of segments committed outside its bundles
     /// (by a transaction or a timer's fire), once they have committed. An
     /// entry that knows every offset below them extends over them, so that
@@ -293,10 +307,35 @@ pub struct Committed {
     pub hashes: Vec<u8>,
 }
 
+/// What the cache vouches for a segment pushed outside the shard's bundles
+/// (inside a transaction, or by a timer's fire): push it with this
+/// `p_verified`, and with a clock floor at or after `clock_floor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Vouch {
+    pub p_verified: i64,
+    pub clock_floor: ClockFloor,
+}
+
+impl Vouch {
+    /// No vouch: probe the whole window.
+    pub const NONE: Vouch = Vouch { p_verified: -1, clock_floor: ClockFloor::EPOCH };
+}
+
+/// A request for a [`Vouch`].
+#[derive(Debug)]
+pub struct VouchRequest {
+    pub partition_id: i64,
+    pub window_seconds: i32,
+    pub window_read_at: Instant,
+    /// The segment's hashes, 16 bytes each, distinct.
+    pub hashes: Vec<u8>,
+}
+
 /// What a shard's queue carries.
 #[derive(Debug)]
 enum Work {
     Push(PartitionPush),
+    Vouch(VouchRequest, oneshot::Sender<Vouch>),
     /// Segments committed by a transaction or a timer's fire, not by this
     /// shard's bundles.
     CommittedElsewhere(Vec<Committed>),
@@ -356,10 +395,33 @@ impl Worker {
     fn take(&mut self, work: Work) {
         match work {
             Work::Push(push) => self.accept(push),
+            Work::Vouch(request, reply) => self.vouch(request, reply),
             Work::CommittedElsewhere(commits) => {
                 let now = self.now();
                 self.record(now, &commits);
             }
+        }
+    }
+
+    /// Plans one segment pushed elsewhere. A partition the cache cannot
+    /// vouch for is hydrated, as for the shard's own segments, so that a
+    /// partition written only by transactions or fires is vouched for too.
+    fn vouch(&mut self, request: VouchRequest, reply: oneshot::Sender<Vouch>) {
+        let VouchRequest { partition_id, window_seconds, window_read_at, hashes } = request;
+        let now = self.now();
+        let partition =
+            self.partitions.entry(partition_id).or_insert_with(|| PartitionState::new(window_seconds, window_read_at));
+        partition.observe_window(window_seconds, window_read_at);
+        partition.last_used = Instant::now();
+        let query = [CacheSegment { partition: partition_id, window_ms: window_ms(window_seconds), hashes: &hashes }];
+        let started = Instant::now();
+        let plans = self.cache.plan(now, &query);
+        self.metrics.guest_call(started.elapsed());
+        let plan = plans.first().expect("the cache answers every segment");
+        let clock_floor = ClockFloor(now.saturating_sub(Millis::from(self.skew_slack_ms())));
+        let _ = reply.send(Vouch { p_verified: plan.p_verified, clock_floor });
+        if window_seconds > 0 && matches!(plan.state, EntryState::Cold | EntryState::Gap | EntryState::Rebuild) {
+            self.maybe_hydrate(now, partition_id, window_seconds);
         }
     }
 

@@ -90,9 +90,10 @@ pub async fn run(gateway: &Gateway, request: TransactionRequest) -> Result<Value
     let transaction_id = Uuid::now_v7();
     let pushes: Vec<TransactionalPush> = request.pushes.into_iter().map(transactional).collect();
     let push_count = pushes.len();
+    let planned = gateway.plan_pushes(pushes).await?;
     let mut client = gateway.db().pool().get().await?;
     let tx = client.transaction().await?;
-    let pushed = gateway.push_in(&tx, pushes).await?;
+    let pushed = gateway.push_planned(&tx, planned).await?;
     if pushed.already_stored > 0 {
         tx.rollback().await?;
         gateway.metrics().transaction("duplicate");
