@@ -194,7 +194,11 @@ impl Gateway {
     /// cache vouched for when it was planned. Nothing is visible until the caller
     /// commits; then it hands [`PushedInTransaction::committed`] to
     /// [`Gateway::committed_elsewhere`].
-    pub async fn push_planned(&self, client: &impl GenericClient, planned: PlannedPushes) -> Result<PushedInTransaction, DbError> {
+    pub async fn push_planned(
+        &self,
+        client: &impl GenericClient,
+        planned: PlannedPushes,
+    ) -> Result<PushedInTransaction, DbError> {
         let PlannedPushes { pushes, hashes, leader_of, leaders, segments, clock_floor } = planned;
         let outcomes = push_on(client, clock_floor, &segments).await?;
         let mut answers: Vec<Option<(Uuid, i64)>> = vec![None; pushes.len()];

@@ -92,6 +92,7 @@ mod faults;
 mod nodes;
 mod replicated;
 mod scrape;
+mod steps;
 mod truth;
 mod vitals;
 mod workload;
@@ -102,6 +103,8 @@ use faults::*;
 use nodes::*;
 use replicated::*;
 use scrape::*;
+pub use steps::StepsReport;
+use steps::*;
 use truth::*;
 pub use vitals::{Latency, Sample};
 use workload::*;
@@ -154,6 +157,9 @@ pub struct Config {
     /// The window outside the short period. Shorter than the run, ids leave
     /// it and may be stored again; the checks allow for that.
     pub long_window_seconds: i32,
+    /// Producers of transactions and timers (see `checker/steps.rs`), beside
+    /// the push producers.
+    pub steps_producers: usize,
 }
 
 impl Config {
@@ -180,6 +186,7 @@ impl Config {
             max_attempts: 25,
             queue: "checker".to_owned(),
             long_window_seconds: 3600,
+            steps_producers: 1,
         }
     }
 }
@@ -485,6 +492,8 @@ pub struct Report {
     pub latency: Latency,
     /// Of single attempts that were answered.
     pub attempt_latency: Latency,
+    /// What the transactions and timers did, when they ran.
+    pub steps: Option<StepsReport>,
 }
 
 /// What the failover fault did, and how the gateways answered around it.
@@ -644,6 +653,9 @@ impl fmt::Display for Report {
             self.stored_messages, self.stored_partitions, self.ids_stored, self.legal_restores
         )?;
         let kinds: Vec<String> = self.violations_by_kind().iter().map(|(k, n)| format!("{k} {n}")).collect();
+        if let Some(steps) = &self.steps {
+            writeln!(f, "{steps}")?;
+        }
         writeln!(f, "violations: {} [{}]", self.violations.len(), kinds.join(", "))?;
         for violation in self.violations.iter().take(50) {
             writeln!(f, "  {violation}")?;
@@ -730,6 +742,12 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         let book = book.clone();
         producers.push(tokio::spawn(async move { produce(producer, &config, &book, t0, end).await }));
     }
+    let mut steps_producers = Vec::new();
+    for producer in 0..config.steps_producers {
+        let config = config.clone();
+        let book = book.clone();
+        steps_producers.push(tokio::spawn(async move { produce_steps(producer, &config, &book, end).await }));
+    }
     let scraped: Arc<Mutex<HashMap<(usize, u32), Scrape>>> = Arc::default();
     let stop_scraping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let scraper = tokio::spawn(scrape_loop(book.clone(), scraped.clone(), stop_scraping.clone(), t0));
@@ -741,6 +759,10 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let mut requests: Vec<Request> = Vec::new();
     for task in producers {
         requests.extend(task.await.context("a producer panicked")?);
+    }
+    let mut steps = Vec::new();
+    for task in steps_producers {
+        steps.extend(task.await.context("a steps producer panicked")?);
     }
     // Every gateway up again for the last scrape.
     for (index, node) in nodes.iter_mut().enumerate() {
@@ -773,6 +795,11 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     }
     summarise_scrapes(&scraped.lock().expect("not poisoned"), &nodes, &mut report);
     let gateway_tails: Vec<String> = nodes.iter().map(|n| n.tail()).collect();
+    if config.steps_producers > 0 {
+        // The gateways' firers deliver what is due before they go.
+        let url = pair.as_ref().map_or_else(|| config.database_url.clone(), |pair| pair.current_primary_url());
+        wait_for_due_timers(&url, config).await?;
+    }
     for node in &mut nodes {
         node.kill();
     }
@@ -786,6 +813,9 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         failover.truth_from = pair.current_primary().address();
         failover.truth_in_recovery = pair.current_primary_in_recovery().await.context("ask the promoted standby")?;
         report.failover = Some(failover);
+    }
+    if config.steps_producers > 0 {
+        check_steps(&truth_url, config, &steps, &mut report).await?;
     }
     let stored = read_stored(&truth_url, &config.queue).await?;
     check(&requests, &stored, &windows, &mut report);

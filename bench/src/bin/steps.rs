@@ -211,7 +211,10 @@ async fn timers(gw: &Gateway, t: &stile_tests::pg::TestDb, args: &Args, round: u
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let fired: i64 = pg
-        .query_one("SELECT count(*) FROM stile.messages WHERE queue = 'steps-timers' AND transaction_id LIKE $1", &[&format!("r{round}-t%")])
+        .query_one(
+            "SELECT count(*) FROM stile.messages WHERE queue = 'steps-timers' AND transaction_id LIKE $1",
+            &[&format!("r{round}-t%")],
+        )
         .await
         .expect("count fired")
         .get(0);

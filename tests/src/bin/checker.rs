@@ -15,6 +15,7 @@
 //!   --seconds N            how long producers push [300]
 //!   --seed N               the workload's seed [fixed]
 //!   --producers N          producer tasks [8]
+//!   --steps-producers N    producers of transactions and timers (checker/steps.rs) [1]
 //!   --rate R               requests per second per producer [40]
 //!   --partitions N         partitions of the queue [128]
 //!   --hot-partitions N     new ids go to a group of this many, 0 for all [8]
@@ -163,6 +164,7 @@ fn main() -> std::process::ExitCode {
             config.seed = seed.parse().unwrap_or_else(|e| panic!("--seed {seed}: {e}"));
         }
         config.producers = number("producers", 8.0) as usize;
+        config.steps_producers = number("steps-producers", 1.0) as usize;
         config.rate = number("rate", 40.0);
         config.partitions = number("partitions", 128.0) as usize;
         config.hot_partitions = number("hot-partitions", 8.0) as usize;

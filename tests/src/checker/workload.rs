@@ -146,11 +146,23 @@ pub(super) async fn exchange(
     incarnation: u32,
     body: String,
 ) -> anyhow::Result<(u16, String)> {
+    exchange_at(slot, addr, incarnation, "/api/v1/push", body).await
+}
+
+/// One POST to `path` on a gateway's incarnation, on a connection kept per
+/// incarnation.
+pub(super) async fn exchange_at(
+    slot: &mut Option<(u32, Client)>,
+    addr: SocketAddr,
+    incarnation: u32,
+    path: &str,
+    body: String,
+) -> anyhow::Result<(u16, String)> {
     if slot.as_ref().is_none_or(|(i, _)| *i != incarnation) {
         *slot = Some((incarnation, Client::connect(addr).await?));
     }
     let (_, client) = slot.as_mut().expect("just connected");
-    let reply = client.send(Method::POST, "/api/v1/push", body, &[("content-type", "application/json")]).await?;
+    let reply = client.send(Method::POST, path, body, &[("content-type", "application/json")]).await?;
     Ok((reply.status, reply.text()))
 }
 
