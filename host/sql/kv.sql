@@ -43,6 +43,24 @@ BEGIN
 END
 $$;
 
+-- kv_apply as one statement of its own (the standalone KV route): when a
+-- required operation did not apply, the answer is raised as the error's
+-- message under SQLSTATE SK001, which aborts the statement and with it every
+-- write of the call, in one round trip.
+CREATE OR REPLACE FUNCTION stile.kv_apply_atomic(p_ops jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_answer jsonb := stile.kv_apply(p_ops);
+BEGIN
+    IF v_answer ->> 'failed' IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'SK001', MESSAGE = v_answer::text;
+    END IF;
+    RETURN v_answer;
+END
+$$;
+
 -- A key's row as the API shows it. Times are ms since the epoch.
 CREATE OR REPLACE FUNCTION stile.kv_row(p_key text, p_value jsonb, p_version bigint, p_expires timestamptz, p_updated timestamptz)
 RETURNS jsonb

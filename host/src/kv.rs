@@ -180,33 +180,46 @@ impl Applied {
 /// Applies `ops` in the open transaction of `client`. The caller rolls back
 /// when [`Applied::failed`] is set.
 pub async fn apply_in(client: &impl GenericClient, ops: &[KvOp]) -> Result<Applied, DbError> {
-    let ops = serde_json::to_value(ops).expect("operations serialise");
+    let json = serde_json::to_value(ops).expect("operations serialise");
     let stmt = client.prepare_cached("SELECT stile.kv_apply($1::jsonb)").await?;
-    let row = client.query_one(&stmt, &[&ops]).await?;
-    let answer: Value = row.try_get(0)?;
+    let row = client.query_one(&stmt, &[&json]).await?;
+    applied(row.try_get(0)?, ops.len())
+}
+
+/// The SQLSTATE under which `stile.kv_apply_atomic` raises a lost
+/// precondition, its answer as the message.
+const PRECONDITION_LOST: &str = "SK001";
+
+/// Applies `ops` as one statement: all of them, or, when a `required` one
+/// does not apply, none (the statement is aborted).
+pub async fn apply(db: &Db, ops: &[KvOp]) -> Result<Applied, DbError> {
+    let client = db.pool().get().await?;
+    let json = serde_json::to_value(ops).expect("operations serialise");
+    let stmt = client.prepare_cached("SELECT stile.kv_apply_atomic($1::jsonb)").await?;
+    match client.query_one(&stmt, &[&json]).await {
+        Ok(row) => applied(row.try_get(0)?, ops.len()),
+        Err(error) => match error.as_db_error() {
+            Some(db) if db.code().code() == PRECONDITION_LOST => {
+                let answer = serde_json::from_str(db.message())
+                    .map_err(|e| DbError::Protocol(format!("stile.kv_apply_atomic raised an answer that is not JSON: {e}")))?;
+                applied(answer, ops.len())
+            }
+            _ => Err(error.into()),
+        },
+    }
+}
+
+/// Reads `stile.kv_apply`'s answer for `count` operations.
+fn applied(answer: Value, count: usize) -> Result<Applied, DbError> {
     let results = match answer.get("results") {
         Some(Value::Array(results)) => results.clone(),
         _ => return Err(DbError::Protocol("stile.kv_apply answered no results".into())),
     };
     let failed = answer.get("failed").and_then(Value::as_u64).map(|i| i as usize);
-    if results.len() != ops.as_array().map_or(0, Vec::len) || failed.is_some_and(|i| i >= results.len()) {
-        return Err(DbError::Protocol(format!("stile.kv_apply answered {} results", results.len())));
+    if results.len() != count || failed.is_some_and(|i| i >= results.len()) {
+        return Err(DbError::Protocol(format!("stile.kv_apply answered {} results for {count} operations", results.len())));
     }
     Ok(Applied { results, failed })
-}
-
-/// Applies `ops` in a transaction of their own: all of them, or, when a
-/// `required` one does not apply, none.
-pub async fn apply(db: &Db, ops: &[KvOp]) -> Result<Applied, DbError> {
-    let mut client = db.pool().get().await?;
-    let tx = client.transaction().await?;
-    let applied = apply_in(&tx, ops).await?;
-    if applied.failed.is_some() {
-        tx.rollback().await?;
-    } else {
-        tx.commit().await?;
-    }
-    Ok(applied)
 }
 
 /// Deletes keys whose time has passed, up to `limit`; answers how many.
