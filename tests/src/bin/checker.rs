@@ -114,6 +114,7 @@ fn main() -> std::process::ExitCode {
         "seconds",
         "seed",
         "producers",
+        "steps-producers",
         "rate",
         "partitions",
         "hot-partitions",
