@@ -141,7 +141,7 @@ async fn send_step(
     rng: &mut StdRng,
 ) {
     let deadline = Instant::now() + config.request_deadline;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(deadline);
     for _ in 0..config.max_attempts {
         step.attempts += 1;
         let gateway = rng.random_range(0..clients.len());
@@ -182,9 +182,7 @@ async fn send_step(
                 }
             }
         }
-        let jitter = Duration::from_millis(rng.random_range(0..=backoff.as_millis() as u64 / 2));
-        tokio::time::sleep((backoff + jitter).min(deadline.saturating_duration_since(Instant::now()))).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        backoff.wait(rng).await;
     }
 }
 

@@ -83,6 +83,25 @@ pub(super) fn partition_of(txn: &str, minted_at: Duration, config: &Config) -> S
     format!("part-{}", group * hot + hash % hot)
 }
 
+/// The pause before a retry: 50 ms doubling to 1 s, plus up to half of it
+/// again at random, never past the request's deadline.
+pub(super) struct Backoff {
+    delay: Duration,
+    deadline: Instant,
+}
+
+impl Backoff {
+    pub(super) fn new(deadline: Instant) -> Backoff {
+        Backoff { delay: Duration::from_millis(50), deadline }
+    }
+
+    pub(super) async fn wait(&mut self, rng: &mut StdRng) {
+        let jitter = Duration::from_millis(rng.random_range(0..=self.delay.as_millis() as u64 / 2));
+        tokio::time::sleep((self.delay + jitter).min(self.deadline.saturating_duration_since(Instant::now()))).await;
+        self.delay = (self.delay * 2).min(Duration::from_secs(1));
+    }
+}
+
 /// Sends one request until it is answered, refused for good, or given up.
 pub(super) async fn send(
     request: &mut Request,
@@ -92,7 +111,7 @@ pub(super) async fn send(
     rng: &mut StdRng,
 ) {
     let deadline = Instant::now() + config.request_deadline;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(deadline);
     for attempt in 0..config.max_attempts {
         let gateway = rng.random_range(0..clients.len());
         let body = json!({
@@ -134,9 +153,7 @@ pub(super) async fn send(
         if !retry || Instant::now() >= deadline {
             return;
         }
-        let jitter = Duration::from_millis(rng.random_range(0..=backoff.as_millis() as u64 / 2));
-        tokio::time::sleep((backoff + jitter).min(deadline.saturating_duration_since(Instant::now()))).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        backoff.wait(rng).await;
     }
 }
 
