@@ -133,7 +133,9 @@ fn parse_item(at: &str, index: usize, item: &RawValue) -> Result<PushItem, BadRe
     let transaction_id = match item.transaction_id {
         Some(raw) if raw_type_name(raw) == STRING => {
             let field = field("transactionId");
-            Some(transaction_id(field, decode_string(field, raw)?)?)
+            let id = decode_string(field, raw)?;
+            validate_transaction_id(field, &id)?;
+            Some(id)
         }
         Some(raw) if raw_type_name(raw) != NULL => {
             return Err(BadRequest::new(format!("{}: expected a string, got {}", field("transactionId"), raw_type_name(raw))));
@@ -164,19 +166,15 @@ impl Display for ItemField<'_> {
     }
 }
 
-/// Checks a transactionId given outside a push item (a timer's `txn`).
+/// Checks a transactionId: non-empty, at most [`MAX_TRANSACTION_ID_BYTES`].
 pub fn validate_transaction_id(field: impl Display, id: &str) -> Result<(), BadRequest> {
-    transaction_id(field, id.to_owned()).map(drop)
-}
-
-fn transaction_id(field: impl Display, id: String) -> Result<String, BadRequest> {
     if id.is_empty() {
         return Err(BadRequest::new(format!("{field}: must not be empty (omit it to get the message id)")));
     }
     if id.len() > MAX_TRANSACTION_ID_BYTES {
         return Err(BadRequest::new(format!("{field}: {} bytes exceed the limit of {MAX_TRANSACTION_ID_BYTES}", id.len())));
     }
-    Ok(id)
+    Ok(())
 }
 
 /// Validates a queue or partition name given as a JSON value.

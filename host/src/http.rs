@@ -274,7 +274,7 @@ async fn kv_batch(app: &App, request: Request<Incoming>) -> Result<Reply, Failur
 async fn kv_get(app: &App, matched: &Matched) -> Result<Reply, Failure> {
     let op = kv::path_op(kv::OpKind::Get, matched.param("ns"), matched.param("key"))?;
     let applied = kv::apply(app.gateway.db(), std::slice::from_ref(&op)).await?;
-    app.gateway.metrics().kv_operations("read", 1);
+    count_kv(app, &applied);
     let result = &applied.results[0];
     if result.get("found") != Some(&Value::Bool(true)) {
         return Ok(json_reply(StatusCode::NOT_FOUND, result));
@@ -303,6 +303,16 @@ async fn kv_delete(app: &App, matched: &Matched) -> Result<Reply, Failure> {
 /// `required` one did not apply, with the lost precondition (nothing written).
 async fn kv_reply(app: &App, ops: &[kv::KvOp]) -> Result<Reply, Failure> {
     let applied = kv::apply(app.gateway.db(), ops).await?;
+    count_kv(app, &applied);
+    match applied.failed {
+        Some(failed) => Ok(json_reply(StatusCode::OK, &Value::Object(applied.precondition_failure(failed, failed)))),
+        None => Ok(json_reply(StatusCode::OK, &json!({ "results": applied.results }))),
+    }
+}
+
+/// Counts answered KV operations by outcome: `read` (no verdict),
+/// `applied` or `refused`.
+fn count_kv(app: &App, applied: &kv::Applied) {
     let metrics = app.gateway.metrics();
     for result in &applied.results {
         let outcome = match result.get("applied") {
@@ -311,10 +321,6 @@ async fn kv_reply(app: &App, ops: &[kv::KvOp]) -> Result<Reply, Failure> {
             Some(_) => "refused",
         };
         metrics.kv_operations(outcome, 1);
-    }
-    match applied.failed {
-        Some(failed) => Ok(json_reply(StatusCode::OK, &Value::Object(applied.precondition_failure(failed, failed)))),
-        None => Ok(json_reply(StatusCode::OK, &json!({ "results": applied.results }))),
     }
 }
 

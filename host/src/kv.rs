@@ -359,15 +359,7 @@ impl Fields<'_> {
     }
 
     fn key_text(&self, field: &str, key: String) -> Result<String, BadRequest> {
-        if key.is_empty() {
-            return Err(self.bad(field, "must not be empty"));
-        }
-        if key.len() > MAX_KEY_BYTES {
-            return Err(self.bad(field, &format!("{} bytes exceed the limit of {MAX_KEY_BYTES}", key.len())));
-        }
-        if key.contains('\0') {
-            return Err(self.bad(field, "must not contain the character U+0000"));
-        }
+        validate_key(format_args!("{}.{field}", self.at), &key)?;
         Ok(key)
     }
 
@@ -417,6 +409,21 @@ impl Fields<'_> {
                 .ok_or_else(|| self.bad("expect", "expected a version (an integer, 0 for \"must not exist\")")),
         }
     }
+}
+
+/// A key (of KV, or a timer's): 1 to [`MAX_KEY_BYTES`] bytes, without
+/// U+0000 (which PostgreSQL's text cannot hold).
+pub fn validate_key(field: impl std::fmt::Display, key: &str) -> Result<(), BadRequest> {
+    if key.is_empty() {
+        return Err(BadRequest::new(format!("{field}: must not be empty")));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(BadRequest::new(format!("{field}: {} bytes exceed the limit of {MAX_KEY_BYTES}", key.len())));
+    }
+    if key.contains('\0') {
+        return Err(BadRequest::new(format!("{field}: must not contain the character U+0000")));
+    }
+    Ok(())
 }
 
 /// `^[a-z0-9][a-z0-9._-]{0,63}$`

@@ -409,20 +409,23 @@ impl Worker {
     fn vouch(&mut self, request: VouchRequest, reply: oneshot::Sender<Vouch>) {
         let VouchRequest { partition_id, window_seconds, window_read_at, hashes } = request;
         let now = self.now();
+        self.touch(partition_id, window_seconds, window_read_at);
+        let query = [CacheSegment { partition: partition_id, window_ms: window_ms(window_seconds), hashes: &hashes }];
+        let plan = self.cache_plan(now, &query).pop().expect("the cache answers every segment");
+        let _ = reply.send(Vouch { p_verified: plan.p_verified, clock_floor: self.clock_floor(now) });
+        if window_seconds > 0 && needs_hydration(plan.state) {
+            self.maybe_hydrate(now, partition_id, window_seconds);
+        }
+    }
+
+    /// A partition's state, made on first use, with the window as last read
+    /// and marked used now.
+    fn touch(&mut self, partition_id: i64, window_seconds: i32, window_read_at: Instant) -> &mut PartitionState {
         let partition =
             self.partitions.entry(partition_id).or_insert_with(|| PartitionState::new(window_seconds, window_read_at));
         partition.observe_window(window_seconds, window_read_at);
         partition.last_used = Instant::now();
-        let query = [CacheSegment { partition: partition_id, window_ms: window_ms(window_seconds), hashes: &hashes }];
-        let started = Instant::now();
-        let plans = self.cache.plan(now, &query);
-        self.metrics.guest_call(started.elapsed());
-        let plan = plans.first().expect("the cache answers every segment");
-        let clock_floor = ClockFloor(now.saturating_sub(Millis::from(self.skew_slack_ms())));
-        let _ = reply.send(Vouch { p_verified: plan.p_verified, clock_floor });
-        if window_seconds > 0 && matches!(plan.state, EntryState::Cold | EntryState::Gap | EntryState::Rebuild) {
-            self.maybe_hydrate(now, partition_id, window_seconds);
-        }
+        partition
     }
 
     fn accept(&mut self, push: PartitionPush) {
@@ -434,12 +437,7 @@ impl Worker {
             return;
         }
         self.requests.insert(request, RequestState { outcomes: vec![None; count], remaining: count, reply: push.reply });
-        let partition = self
-            .partitions
-            .entry(push.partition_id)
-            .or_insert_with(|| PartitionState::new(push.window_seconds, push.window_read_at));
-        partition.observe_window(push.window_seconds, push.window_read_at);
-        partition.last_used = Instant::now();
+        let partition = self.touch(push.partition_id, push.window_seconds, push.window_read_at);
         let indexed = push.messages.into_iter().enumerate().map(|(i, m)| (u32::try_from(i).expect("requests are bounded"), m));
         partition.queue.add(request, indexed);
     }
@@ -536,8 +534,7 @@ impl Worker {
             });
             segments.push(in_flight);
         }
-        let clock_floor = ClockFloor(now.saturating_sub(Millis::from(self.skew_slack_ms())));
-        PlannedBundle { segments, pushes, clock_floor }
+        PlannedBundle { segments, pushes, clock_floor: self.clock_floor(now) }
     }
 
     /// One plan call: the cache's answer for each segment, in order. A local
@@ -552,11 +549,23 @@ impl Worker {
                 CacheSegment { partition: s.partition_id, window_ms: window_ms(s.window_seconds), hashes: &s.segment.hashes }
             })
             .collect();
+        self.cache_plan(now, &queries)
+    }
+
+    /// One plan call, timed.
+    fn cache_plan(&mut self, now: Millis, queries: &[CacheSegment<'_>]) -> Vec<Plan> {
         let started = Instant::now();
-        let plans = self.cache.plan(now, &queries);
+        let plans = self.cache.plan(now, queries);
         self.metrics.guest_call(started.elapsed());
-        assert_eq!(plans.len(), segments.len(), "the cache answers every segment");
+        assert_eq!(plans.len(), queries.len(), "the cache answers every segment");
         plans
+    }
+
+    /// What a bundle planned at `now` assumes of PostgreSQL's clock: the
+    /// cache judged age by `now`, so its vouches hold once PostgreSQL's clock
+    /// is past `now` less the slack.
+    fn clock_floor(&self, now: Millis) -> ClockFloor {
+        ClockFloor(now.saturating_sub(Millis::from(self.skew_slack_ms())))
     }
 
     fn complete(&mut self, done: Done) {
@@ -613,8 +622,7 @@ impl Worker {
                 };
                 self.deliver(slot, outcome);
             }
-            let needs_rebuild = matches!(state, EntryState::Cold | EntryState::Gap | EntryState::Rebuild);
-            if window_seconds > 0 && (needs_rebuild || window_seconds != planned) {
+            if window_seconds > 0 && (needs_hydration(state) || window_seconds != planned) {
                 wants_hydration.push(WantsHydration { partition_id, window_seconds });
             }
         }
@@ -797,6 +805,11 @@ impl Worker {
             warn_suppressed(now, self.id, stats.suppressed);
         }
     }
+}
+
+/// Whether an entry in `state` can only be made to vouch by a hydration.
+fn needs_hydration(state: EntryState) -> bool {
+    matches!(state, EntryState::Cold | EntryState::Gap | EntryState::Rebuild)
 }
 
 /// The hashes of a segment's stored messages, in offset order: what the

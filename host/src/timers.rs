@@ -28,6 +28,7 @@ use uuid::Uuid;
 use crate::api::{self, BadRequest, Payload, type_name};
 use crate::db::DbError;
 use crate::gateway::{Gateway, TransactionalPush};
+use crate::kv;
 
 /// The furthest ahead a timer may be scheduled.
 pub const HORIZON_MS: i64 = 90 * 86_400_000;
@@ -98,7 +99,7 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<TimerOp>, BadRequest> {
 /// A cancel of the timer a path names.
 pub fn cancel_op(queue: &str, timer_key: &str, txn: Option<String>) -> Result<TimerOp, BadRequest> {
     api::validate_name("queue", queue)?;
-    key_text("timerKey", timer_key)?;
+    kv::validate_key("timerKey", timer_key)?;
     Ok(TimerOp {
         op: TimerOpKind::Cancel,
         queue: queue.to_owned(),
@@ -125,14 +126,19 @@ pub async fn apply_in(client: &impl GenericClient, ops: &[TimerOp]) -> Result<Ve
 
 /// Applies `ops` in a transaction of their own.
 pub async fn apply(gateway: &Gateway, ops: &[TimerOp]) -> Result<Vec<Value>, DbError> {
-    let mut client = gateway.db().pool().get().await?;
-    let tx = client.transaction().await?;
-    let results = apply_in(&tx, ops).await?;
-    tx.commit().await?;
+    // One statement: its own transaction, all of it or nothing.
+    let client = gateway.db().pool().get().await?;
+    let results = apply_in(&client, ops).await?;
+    wake_firer(gateway, ops);
+    Ok(results)
+}
+
+/// Wakes this gateway's firer once `ops` have committed, if they scheduled
+/// anything: a timer due now fires without waiting for the firer's sleep.
+pub fn wake_firer(gateway: &Gateway, ops: &[TimerOp]) {
     if ops.iter().any(|op| op.op != TimerOpKind::Cancel) {
         gateway.timers_scheduled().notify_one();
     }
-    Ok(results)
 }
 
 /// One pending timer, `None` when there is none.
@@ -247,7 +253,7 @@ fn parse_op(at: &str, op: &Value) -> Result<TimerOp, BadRequest> {
     let queue = string("queue")?.ok_or_else(|| bad("queue", "missing"))?;
     api::validate_name(format_args!("{at}.queue"), &queue)?;
     let timer_key = string("timerKey")?.ok_or_else(|| bad("timerKey", "missing"))?;
-    key_text(&format!("{at}.timerKey"), &timer_key)?;
+    kv::validate_key(format_args!("{at}.timerKey"), &timer_key)?;
     let txn = string("txn")?;
     if let Some(txn) = &txn {
         api::validate_transaction_id(format_args!("{at}.txn"), txn)?;
@@ -288,13 +294,6 @@ fn decode_payload(base64_text: &str) -> Result<String, String> {
         return Err("the decoded JSON must not contain the character U+0000".into());
     }
     Ok(checked.get().to_owned())
-}
-
-fn key_text(field: &str, key: &str) -> Result<(), BadRequest> {
-    if key.is_empty() || key.len() > 1024 || key.contains('\0') {
-        return Err(BadRequest::new(format!("{field}: must be 1 to 1024 bytes, without U+0000")));
-    }
-    Ok(())
 }
 
 /// A list page's query: `after` and `limit` (1 to 1000, 100 by default).

@@ -21,7 +21,7 @@ use crate::api::{self, BadRequest, PushItem};
 use crate::db::DbError;
 use crate::gateway::{Gateway, PushResult, TransactionalPush};
 use crate::kv::{self, KvOp, OpsContext};
-use crate::timers::{self, TimerOp, TimerOpKind};
+use crate::timers::{self, TimerOp};
 
 /// A validated transaction.
 #[derive(Debug)]
@@ -124,9 +124,7 @@ pub async fn run(gateway: &Gateway, request: TransactionRequest) -> Result<Value
     tx.commit().await?;
     drop(client);
     gateway.committed_elsewhere(pushed.committed).await;
-    if request.timers.iter().any(|t| t.op != TimerOpKind::Cancel) {
-        gateway.timers_scheduled().notify_one();
-    }
+    timers::wake_firer(gateway, &request.timers);
     gateway.metrics().transaction("committed");
     let mut results: Vec<Value> = pushed.results.iter().enumerate().map(|(i, r)| push_result(i, r)).collect();
     if let Some(applied) = applied {
