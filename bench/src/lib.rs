@@ -6,6 +6,8 @@
 
 use std::future::Future;
 
+pub mod peer_http;
+pub mod peers;
 pub mod pgbench;
 
 use stile_tests::pg::unless_interrupted;

@@ -15,18 +15,24 @@ use std::time::Instant;
 
 use stile_tests::cpu::postgres_cpu_seconds;
 
-/// The peer's table, in its own schema of the benchmark database.
-const SETUP: &str = "
-CREATE SCHEMA IF NOT EXISTS peer;
-DROP TABLE IF EXISTS peer.messages;
-CREATE TABLE peer.messages (
+/// The table a team would keep messages in, in `schema` of the benchmark
+/// database (created if missing; the table is made afresh), with the unique
+/// index on (partition, transaction_id) when it is the check. The peer's
+/// here, and the HTTP peers' of [`crate::peer_http`].
+pub fn messages_table(schema: &str, unique: bool) -> String {
+    let unique = if unique { ",\n    UNIQUE (partition, transaction_id)" } else { "" };
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+DROP TABLE IF EXISTS {schema}.messages;
+CREATE TABLE {schema}.messages (
     partition      text        NOT NULL,
     transaction_id text        NOT NULL,
     message_id     uuid        NOT NULL DEFAULT gen_random_uuid(),
     payload        json        NOT NULL,
-    created_at     timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (partition, transaction_id)
-);";
+    created_at     timestamptz NOT NULL DEFAULT now(){unique}
+);"
+    )
+}
 
 /// A payload of the load generator's shape.
 const PAYLOAD: &str = r#"{"order":1,"line":0,"amount":99.5,"currency":"EUR"}"#;
@@ -62,7 +68,7 @@ impl Pgbench {
         partitions: usize,
         per_partition: usize,
     ) -> Pgbench {
-        client.batch_execute(SETUP).await.expect("create the peer's table");
+        client.batch_execute(&messages_table("peer", true)).await.expect("create the peer's table");
         let fill = format!(
             "INSERT INTO peer.messages (partition, transaction_id, payload)
              SELECT 'p' || p, 'prefill-p' || p || '-' || i, '{PAYLOAD}'

@@ -144,6 +144,8 @@ struct Output {
 /// block on a full pipe) and which is killed when dropped.
 #[derive(Debug)]
 pub struct Process {
+    /// The program's name, for what is printed about it.
+    program: String,
     child: Child,
     output: Arc<Mutex<Output>>,
     stdout_closed: Option<oneshot::Receiver<()>>,
@@ -152,27 +154,65 @@ pub struct Process {
 }
 
 impl Process {
-    /// Spawns `stile` with `args` (and a clean `STILE_*` environment).
-    /// `on_stdout_line` sees every stdout line as it arrives.
+    /// Spawns `stile` with `args`. `on_stdout_line` sees every stdout line
+    /// as it arrives.
     fn spawn(args: &[String], clock: Option<&ClockFile>, on_stdout_line: impl FnMut(&str) + Send + 'static) -> Process {
-        let binary = stile_binary();
-        let mut command = Command::new(&binary);
-        command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        if let Some(clock) = clock {
-            clock.apply(&mut command);
-        }
-        for var in STILE_ENV {
-            command.env_remove(var);
-        }
-        command.env("NO_COLOR", "1").env("RUST_LOG", std::env::var("STILE_TEST_LOG").unwrap_or_else(|_| "info".into()));
+        Process::spawn_command(stile_command(args, clock), on_stdout_line, |_| {})
+    }
+
+    /// Spawns `command` (its stdio replaced by pipes, and killed when the
+    /// spawning thread ends: [`die_with_parent`]). The callbacks see every
+    /// line of its stdout and stderr as it arrives.
+    pub fn spawn_command(
+        mut command: Command,
+        on_stdout_line: impl FnMut(&str) + Send + 'static,
+        on_stderr_line: impl FnMut(&str) + Send + 'static,
+    ) -> Process {
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         die_with_parent(&mut command);
-        let mut child = command.spawn().unwrap_or_else(|e| panic!("start {}: {e}", binary.display()));
+        let program = command.get_program().to_string_lossy().into_owned();
+        let mut child = command.spawn().unwrap_or_else(|e| panic!("start {program}: {e}"));
         let output = Arc::new(Mutex::new(Output::default()));
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let stdout_closed = drain(stdout, output.clone(), false, on_stdout_line);
-        let stderr_closed = drain(stderr, output.clone(), true, |_| {});
-        Process { child, output, stdout_closed: Some(stdout_closed), stderr_closed: Some(stderr_closed), status: None }
+        let stderr_closed = drain(stderr, output.clone(), true, on_stderr_line);
+        Process { program, child, output, stdout_closed: Some(stdout_closed), stderr_closed: Some(stderr_closed), status: None }
+    }
+
+    /// Spawns `command` and waits (at most [`START_TIMEOUT`]) for the first
+    /// line of its output, on either stream, for which `ready` answers
+    /// something: a server's "listening" or "ready" line. Panics, with the
+    /// output, if the process ends or stays silent first.
+    pub async fn start_until<T: Send + 'static>(
+        command: Command,
+        ready: impl Fn(&str) -> Option<T> + Send + Sync + 'static,
+    ) -> (Process, T) {
+        let program = command.get_program().to_string_lossy().into_owned();
+        let (ready_tx, ready_rx) = oneshot::channel::<T>();
+        let ready_tx = Arc::new(Mutex::new(Some(ready_tx)));
+        let ready = Arc::new(ready);
+        let watcher = |ready_tx: Arc<Mutex<Option<oneshot::Sender<T>>>>, ready: Arc<dyn Fn(&str) -> Option<T> + Send + Sync>| {
+            move |line: &str| {
+                if let Some(value) = ready(line)
+                    && let Some(tx) = ready_tx.lock().expect("not poisoned").take()
+                {
+                    let _ = tx.send(value);
+                }
+            }
+        };
+        let on_stdout = watcher(ready_tx.clone(), ready.clone());
+        let on_stderr = watcher(ready_tx, ready);
+        let mut process = Process::spawn_command(command, on_stdout, on_stderr);
+        // Both senders are dropped at the end of the output: the process died first.
+        match tokio::time::timeout(START_TIMEOUT, ready_rx).await {
+            Ok(Ok(value)) => (process, value),
+            Ok(Err(_)) => {
+                let status = process.wait_exit(Duration::from_secs(10)).await;
+                panic!("{program} exited before it was ready ({status}):\n{}", process.logs())
+            }
+            Err(_) => panic!("{program} was not ready within {START_TIMEOUT:?}:\n{}", process.logs()),
+        }
     }
 
     /// Runs `stile` with `args` to its end (killed after `timeout`) and
@@ -238,6 +278,20 @@ impl Process {
     }
 }
 
+/// `stile` with `args`, a clean `STILE_*` environment, and `clock` applied.
+fn stile_command(args: &[String], clock: Option<&ClockFile>) -> Command {
+    let mut command = Command::new(stile_binary());
+    command.args(args);
+    if let Some(clock) = clock {
+        clock.apply(&mut command);
+    }
+    for var in STILE_ENV {
+        command.env_remove(var);
+    }
+    command.env("NO_COLOR", "1").env("RUST_LOG", std::env::var("STILE_TEST_LOG").unwrap_or_else(|_| "info".into()));
+    command
+}
+
 impl Drop for Process {
     fn drop(&mut self) {
         if self.status.is_none() {
@@ -245,7 +299,7 @@ impl Drop for Process {
             let _ = self.child.wait();
         }
         if std::thread::panicking() {
-            eprintln!("---- output of stile (pid {}) ----\n{}\n---- end of output ----", self.child.id(), self.logs());
+            eprintln!("---- output of {} (pid {}) ----\n{}\n---- end of output ----", self.program, self.child.id(), self.logs());
         }
     }
 }
@@ -374,27 +428,12 @@ impl Gateway {
 
     /// Starts a gateway and waits for its "listening on" line.
     pub async fn start_with(database_url: &str, options: &GatewayOptions) -> Gateway {
-        let (ready_tx, ready_rx) = oneshot::channel::<SocketAddr>();
-        let mut ready_tx = Some(ready_tx);
         let clock = options
             .clock_offset_s
             .map(|offset_s| ClockFile::new("gateway", offset_s).unwrap_or_else(|e| panic!("set the gateway's clock: {e:#}")));
-        let mut process = Process::spawn(&options.args(database_url), clock.as_ref(), move |line| {
-            if let Some(addr) = listening_addr(line)
-                && let Some(tx) = ready_tx.take()
-            {
-                let _ = tx.send(addr);
-            }
-        });
-        // The sender is dropped at end of output: the process died first.
-        match tokio::time::timeout(START_TIMEOUT, ready_rx).await {
-            Ok(Ok(addr)) => Gateway { process, addr, clock },
-            Ok(Err(_)) => {
-                let status = process.wait_exit(Duration::from_secs(10)).await;
-                panic!("the gateway exited before listening ({status}):\n{}", process.logs())
-            }
-            Err(_) => panic!("the gateway did not listen within {START_TIMEOUT:?}:\n{}", process.logs()),
-        }
+        let command = stile_command(&options.args(database_url), clock.as_ref());
+        let (process, addr) = Process::start_until(command, listening_addr).await;
+        Gateway { process, addr, clock }
     }
 
     /// Its process id.
@@ -431,7 +470,7 @@ impl Gateway {
 }
 
 /// The address in a "stile listening on http://ADDR (...)" line.
-fn listening_addr(line: &str) -> Option<SocketAddr> {
+pub fn listening_addr(line: &str) -> Option<SocketAddr> {
     let (_, rest) = line.split_once("listening on http://")?;
     rest.split(|c: char| c.is_whitespace() || c == '/').next()?.parse().ok()
 }
