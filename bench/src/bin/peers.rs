@@ -49,7 +49,12 @@ use stile_tests::gateway::fresh_database;
 )]
 struct Args {
     /// The systems, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "stile-wasm,stile-native,stile-cold,postgres,redis-postgres,nats2m,nats1h")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "stile-wasm,stile-native,stile-cold,postgres,redis-postgres,nats2m,nats1h"
+    )]
     systems: Vec<System>,
     /// Messages per request, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,100", value_parser = count::<u32>)]
@@ -74,7 +79,7 @@ struct Args {
     secs: f64,
     /// The messages in each system's window, filled in turn before anything is measured; the last is the window
     /// the rounds run against.
-    #[arg(long, value_delimiter = ',', default_value = "100000,1000000", value_parser = count::<usize>)]
+    #[arg(long, value_delimiter = ',', default_value = "100000,300000,1000000", value_parser = count::<usize>)]
     fills: Vec<usize>,
     /// Seconds of each measurement at a fill level (the throughput-by-window chart).
     #[arg(long, default_value = "3", value_parser = seconds)]
@@ -144,8 +149,6 @@ struct Pass {
 struct Memory {
     /// Resident bytes of the system's processes, by role.
     rss: Vec<(&'static str, u64)>,
-    /// Resident bytes above those the processes had before the fill.
-    grown: u64,
     /// Bytes PostgreSQL keeps for the check (relations on disk).
     in_postgres: i64,
 }
@@ -209,7 +212,6 @@ async fn pass(args: &Args, sync: Switch) -> (Pass, String) {
     }
     let mut pass = Pass { sync: sync.name(), ..Default::default() };
     let mut acked: HashMap<System, Tally> = HashMap::new();
-    let baseline: HashMap<System, u64> = systems.iter().map(|s| (s.system, resident(s))).collect();
 
     let mut filled = 0;
     for (level, &fill) in args.fills.iter().enumerate() {
@@ -233,12 +235,7 @@ async fn pass(args: &Args, sync: Switch) -> (Pass, String) {
         pg.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
         for running in &systems {
             let rss: Vec<(&'static str, u64)> = running.processes().iter().map(|&(role, pid)| (role, rss_bytes(pid))).collect();
-            let total: u64 = rss.iter().map(|(_, bytes)| bytes).sum();
-            let memory = Memory {
-                grown: total.saturating_sub(baseline[&running.system]),
-                rss,
-                in_postgres: running.check_bytes_in_postgres(&pg).await,
-            };
+            let memory = Memory { rss, in_postgres: running.check_bytes_in_postgres(&pg).await };
             pass.memory.insert((running.system, filled), memory);
         }
         let size = *args.sizes.iter().max().expect("a batch size");
@@ -320,9 +317,25 @@ async fn pass(args: &Args, sync: Switch) -> (Pass, String) {
     (pass, version)
 }
 
-/// The resident bytes of a system's processes.
-fn resident(running: &Running) -> u64 {
-    running.processes().iter().map(|&(_, pid)| rss_bytes(pid)).sum()
+impl Memory {
+    fn resident(&self) -> u64 {
+        self.rss.iter().map(|(_, bytes)| bytes).sum()
+    }
+}
+
+impl Pass {
+    /// Resident bytes per id held at `fill`: what the system's processes
+    /// grew by since the first fill level, per id added since. Measured from
+    /// the first level, not from the start, so that what a process
+    /// allocates once (pools, buffers, a first touch of its heap) is not
+    /// charged to the ids.
+    fn bytes_per_id(&self, system: System, fill: usize) -> f64 {
+        let first = filled_levels(self)[0];
+        match (self.memory.get(&(system, first)), self.memory.get(&(system, fill))) {
+            (Some(a), Some(b)) if fill > first => (b.resident() as f64 - a.resident() as f64) / (fill - first) as f64,
+            _ => f64::NAN,
+        }
+    }
 }
 
 /// One measurement of `running`: `args.conns` connections for `slice`.
@@ -377,7 +390,11 @@ fn print_pass(args: &Args, pass: &Pass) {
     println!();
     println!(
         "| system | {} |",
-        args.sizes.iter().map(|s| format!("batch {s}: msg/s | p50 ms | p99 ms | CPU ms per 1,000 (system / PostgreSQL / generator)")).collect::<Vec<_>>().join(" | ")
+        args.sizes
+            .iter()
+            .map(|s| format!("batch {s}: msg/s | p50 ms | p99 ms | CPU ms per 1,000 (system / PostgreSQL / generator)"))
+            .collect::<Vec<_>>()
+            .join(" | ")
     );
     println!("|---|{}", "---:|---:|---:|---|".repeat(args.sizes.len()));
     for &system in &args.systems {
@@ -416,7 +433,9 @@ fn print_pass(args: &Args, pass: &Pass) {
         let cells: Vec<String> = args
             .sizes
             .iter()
-            .map(|&size| format!("{:.2}x", median((0..args.rounds).map(|r| rate(System::StileWasm, size, r) / rate(other, size, r)))))
+            .map(|&size| {
+                format!("{:.2}x", median((0..args.rounds).map(|r| rate(System::StileWasm, size, r) / rate(other, size, r))))
+            })
             .collect();
         println!("| {} | {} |", other.name(), cells.join(" | "));
     }
@@ -425,9 +444,10 @@ fn print_pass(args: &Args, pass: &Pass) {
             .sizes
             .iter()
             .map(|&size| {
-                let ratio = median((0..args.rounds).map(|r| {
-                    rate(System::StileWasm, size, r) / pass.pgbench.get(&(size, r)).map_or(f64::NAN, |f| f.rate)
-                }));
+                let ratio = median(
+                    (0..args.rounds)
+                        .map(|r| rate(System::StileWasm, size, r) / pass.pgbench.get(&(size, r)).map_or(f64::NAN, |f| f.rate)),
+                );
                 format!("{ratio:.2}x")
             })
             .collect();
@@ -435,25 +455,34 @@ fn print_pass(args: &Args, pass: &Pass) {
     }
 
     println!();
-    println!("Memory: resident bytes of each system's processes, and above what they held before the fill, per id held:");
+    println!(
+        "Memory: resident MiB of each system's processes at each fill level; per id held, what they grew by since the \
+         first level per id added since; and the bytes PostgreSQL keeps for the check (the relations the verdict reads, on disk) \
+         per id:"
+    );
     println!();
     let fills = filled_levels(pass);
     println!(
         "| system | processes | {} |",
-        fills.iter().map(|f| format!("{f} ids: RSS MiB | bytes per id (grown) | PostgreSQL bytes per id")).collect::<Vec<_>>().join(" | ")
+        fills
+            .iter()
+            .map(|f| format!("{f} ids: RSS MiB | bytes per id | PostgreSQL bytes per id"))
+            .collect::<Vec<_>>()
+            .join(" | ")
     );
     println!("|---|---|{}", "---:|---:|---:|".repeat(fills.len()));
     for &system in &args.systems {
-        let roles = pass.memory.get(&(system, fills[0])).map_or(String::new(), |m| {
-            m.rss.iter().map(|(role, _)| *role).collect::<Vec<_>>().join(" + ")
-        });
+        let roles = pass
+            .memory
+            .get(&(system, fills[0]))
+            .map_or(String::new(), |m| m.rss.iter().map(|(role, _)| *role).collect::<Vec<_>>().join(" + "));
         let cells: Vec<String> = fills
             .iter()
             .map(|&fill| match pass.memory.get(&(system, fill)) {
                 Some(m) => format!(
                     "{:.0} | {:.1} | {:.1}",
-                    m.rss.iter().map(|(_, b)| *b).sum::<u64>() as f64 / (1 << 20) as f64,
-                    m.grown as f64 / fill as f64,
+                    m.resident() as f64 / (1 << 20) as f64,
+                    pass.bytes_per_id(system, fill),
                     m.in_postgres as f64 / fill as f64
                 ),
                 None => " | | ".to_owned(),
@@ -462,14 +491,32 @@ fn print_pass(args: &Args, pass: &Pass) {
         println!("| {} | {roles} | {} |", system.name(), cells.join(" | "));
     }
 
+    if let Some(&last) = fills.last() {
+        let stile = pass.bytes_per_id(System::StileWasm, last);
+        for nats in [System::Nats2m, System::Nats1h].into_iter().filter(|s| args.systems.contains(s)) {
+            println!();
+            println!(
+                "stile (wasm) holds an id in {stile:.1} bytes, {} in {:.1}: {:.2} of it (target <= 0.2).",
+                nats.name(),
+                pass.bytes_per_id(nats, last),
+                stile / pass.bytes_per_id(nats, last)
+            );
+        }
+    }
     println!();
-    println!("Throughput by window, batch {} ({} s each, one measurement per level):", args.sizes.iter().max().unwrap_or(&0), args.fill_secs);
+    println!(
+        "Throughput by window, batch {} ({} s each, one measurement per level):",
+        args.sizes.iter().max().unwrap_or(&0),
+        args.fill_secs
+    );
     println!();
     println!("| system | {} |", fills.iter().map(|f| format!("{f} ids")).collect::<Vec<_>>().join(" | "));
     println!("|---|{}", "---:|".repeat(fills.len()));
     for &system in &args.systems {
-        let cells: Vec<String> =
-            fills.iter().map(|&fill| pass.by_window.get(&(system, fill)).map_or(String::new(), |f| format!("{:.0}", f.rate))).collect();
+        let cells: Vec<String> = fills
+            .iter()
+            .map(|&fill| pass.by_window.get(&(system, fill)).map_or(String::new(), |f| format!("{:.0}", f.rate)))
+            .collect();
         println!("| {} | {} |", system.name(), cells.join(" | "));
     }
 
@@ -527,30 +574,35 @@ fn draw_charts(args: &Args, pass: &Pass) {
             .collect()
     };
     let fills = filled_levels(pass);
-    let by_fill = |value: &dyn Fn(System, usize) -> f64, only: &dyn Fn(System) -> bool| -> Vec<Series<(f64, f64)>> {
+    let by_fill = |value: &dyn Fn(System, usize) -> f64| -> Vec<Series<(f64, f64)>> {
         args.systems
             .iter()
-            .filter(|&&s| only(s))
             .map(|&s| Series { name: s.label().to_owned(), values: fills.iter().map(|&f| (f as f64, value(s, f))).collect() })
             .collect()
     };
     let sync = format!("synchronous_commit={}", pass.sync);
     let drawn = [
-        chart::grouped_bars(&path("throughput"), &format!("Messages per second ({sync})"), "messages/s", &labels, &per_size(|f| f.rate)),
+        chart::grouped_bars(
+            &path("throughput"),
+            &format!("Messages per second ({sync})"),
+            "messages/s",
+            &labels,
+            &per_size(|f| f.rate),
+        ),
         chart::grouped_bars(&path("p99"), &format!("p99 latency per request ({sync})"), "ms", &labels, &per_size(|f| f.p99_ms)),
         chart::lines(
             &path("memory"),
             "Resident memory per id held",
             "ids held in the window",
             "bytes per id",
-            &by_fill(&|s, f| pass.memory.get(&(s, f)).map_or(f64::NAN, |m| m.grown as f64 / f as f64), &|_| true),
+            &by_fill(&|s, f| pass.bytes_per_id(s, f)),
         ),
         chart::lines(
             &path("window"),
             &format!("Messages per second by window, {} per request ({sync})", args.sizes.iter().max().unwrap_or(&0)),
             "ids held in the window",
             "messages/s",
-            &by_fill(&|s, f| pass.by_window.get(&(s, f)).map_or(f64::NAN, |x| x.rate), &|_| true),
+            &by_fill(&|s, f| pass.by_window.get(&(s, f)).map_or(f64::NAN, |x| x.rate)),
         ),
     ];
     for result in drawn {
@@ -568,7 +620,8 @@ mod tests {
     #[test]
     fn the_flags_are_well_formed() {
         Args::command().debug_assert();
-        let args = Args::try_parse_from(["peers", "--systems", "stile-wasm,nats1h", "--sync", "on", "--fills", "1e6,1e5"]).unwrap();
+        let args =
+            Args::try_parse_from(["peers", "--systems", "stile-wasm,nats1h", "--sync", "on", "--fills", "1e6,1e5"]).unwrap();
         assert_eq!(args.systems, [System::StileWasm, System::Nats1h]);
         assert_eq!(args.sync, [Switch::On]);
         assert_eq!(args.fills, [1_000_000, 100_000]);

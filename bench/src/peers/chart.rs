@@ -36,9 +36,11 @@ pub fn load_font() -> anyhow::Result<()> {
         Some("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf".to_owned()),
         Some("/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf".to_owned()),
     ];
-    let path = candidates.into_iter().flatten().find(|p| Path::new(p).is_file()).ok_or_else(|| {
-        anyhow!("no TrueType font: set STILE_CHART_FONT, or install fonts-dejavu-core")
-    })?;
+    let path = candidates
+        .into_iter()
+        .flatten()
+        .find(|p| Path::new(p).is_file())
+        .ok_or_else(|| anyhow!("no TrueType font: set STILE_CHART_FONT, or install fonts-dejavu-core"))?;
     let bytes = std::fs::read(&path).with_context(|| format!("read {path}"))?;
     plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(bytes.into_boxed_slice()))
         .map_err(|_| anyhow!("{path} is not a font plotters can read"))
@@ -76,7 +78,13 @@ pub fn grouped_bars(path: &Path, title: &str, y_desc: &str, categories: &[&str],
             .label(s.name.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], colour.filled()));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.9)).border_style(BLACK).label_font(("sans-serif", 14)).draw()?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()?;
     let style = TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
     for (i, category) in categories.iter().enumerate() {
         let (x, y) = chart.backend_coord(&(i as f64 + 0.5, lo));
@@ -116,7 +124,13 @@ pub fn lines(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &[Ser
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], colour.stroke_width(3)));
         chart.draw_series(points.into_iter().map(|p| Circle::new(p, 4, colour.filled())))?;
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).background_style(WHITE.mix(0.9)).border_style(BLACK).label_font(("sans-serif", 14)).draw()?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -170,14 +184,20 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("stile-chart-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let bars = dir.join("bars.png");
-        let series = [Series { name: "batch 1".into(), values: vec![10_000.0, 2_000.0] }, Series {
-            name: "batch 100".into(),
-            values: vec![300_000.0, f64::NAN],
-        }];
+        let series = [
+            Series { name: "batch 1".into(), values: vec![10_000.0, 2_000.0] },
+            Series { name: "batch 100".into(), values: vec![300_000.0, f64::NAN] },
+        ];
         grouped_bars(&bars, "throughput", "messages/s", &["a", "b"], &series).unwrap();
         let line = dir.join("lines.png");
-        lines(&line, "memory", "ids held", "bytes per id", &[Series { name: "a".into(), values: vec![(1e5, 40.0), (1e6, 30.0)] }])
-            .unwrap();
+        lines(
+            &line,
+            "memory",
+            "ids held",
+            "bytes per id",
+            &[Series { name: "a".into(), values: vec![(1e5, 40.0), (1e6, 30.0)] }],
+        )
+        .unwrap();
         for png in [bars, line] {
             let bytes = std::fs::read(&png).unwrap();
             assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{} is a PNG", png.display());

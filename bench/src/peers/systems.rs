@@ -222,8 +222,7 @@ async fn start_redis() -> (Process, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
     let mut command = Command::new(std::env::var("STILE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()));
     command.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
-    let (process, ()) =
-        Process::start_until(command, |line| line.contains("Ready to accept connections").then_some(())).await;
+    let (process, ()) = Process::start_until(command, |line| line.contains("Ready to accept connections").then_some(())).await;
     (process, format!("redis://127.0.0.1:{port}/"))
 }
 

@@ -70,8 +70,9 @@ impl Transport {
     pub async fn send(&mut self, request: &Request) -> anyhow::Result<Vec<bool>> {
         match self {
             Transport::Http { client, queue } => {
-                let reply =
-                    client.send(Method::POST, "/api/v1/push", request.http_body(queue), &[("content-type", "application/json")]).await?;
+                let reply = client
+                    .send(Method::POST, "/api/v1/push", request.http_body(queue), &[("content-type", "application/json")])
+                    .await?;
                 anyhow::ensure!(reply.status == 201, "HTTP {}: {}", reply.status, reply.text());
                 let text = std::str::from_utf8(&reply.body)?;
                 // Both the gateway and the peer endpoints answer with one
@@ -86,7 +87,9 @@ impl Transport {
             Transport::Nats { context, subjects } => {
                 let ids: Vec<String> = request.ids().collect();
                 let payload = Bytes::from_static(PAYLOAD.as_bytes());
-                Ok(jetstream::publish(context, &subjects[request.partition], &ids, &payload).await.map_err(|e| anyhow::anyhow!(e))?)
+                Ok(jetstream::publish(context, &subjects[request.partition], &ids, &payload)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(e))?)
             }
         }
     }
