@@ -201,9 +201,11 @@ pub async fn fill(transports: Vec<Transport>, tag: &str, partitions: usize, per_
     let mut all: Vec<Request> = Vec::with_capacity(partitions * requests_per_partition);
     let tag: Arc<str> = Arc::from(tag);
     for r in 0..requests_per_partition {
+        // The last request of each partition takes what is left.
+        let size = batch.min(u32::try_from(per_partition - r * batch as usize).expect("a batch fits u32"));
         for partition in 0..partitions {
             let seq = (r * partitions + partition) as u64;
-            all.push(Request { tag: tag.clone(), seq, partition, size: batch });
+            all.push(Request { tag: tag.clone(), seq, partition, size });
         }
     }
     let connections = transports.len();
