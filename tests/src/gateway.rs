@@ -192,7 +192,8 @@ impl Process {
         let (ready_tx, ready_rx) = oneshot::channel::<T>();
         let ready_tx = Arc::new(Mutex::new(Some(ready_tx)));
         let ready = Arc::new(ready);
-        let watcher = |ready_tx: Arc<Mutex<Option<oneshot::Sender<T>>>>, ready: Arc<dyn Fn(&str) -> Option<T> + Send + Sync>| {
+        let watcher = || {
+            let (ready_tx, ready) = (ready_tx.clone(), ready.clone());
             move |line: &str| {
                 if let Some(value) = ready(line)
                     && let Some(tx) = ready_tx.lock().expect("not poisoned").take()
@@ -201,8 +202,8 @@ impl Process {
                 }
             }
         };
-        let on_stdout = watcher(ready_tx.clone(), ready.clone());
-        let on_stderr = watcher(ready_tx, ready);
+        let (on_stdout, on_stderr) = (watcher(), watcher());
+        drop(ready_tx);
         let mut process = Process::spawn_command(command, on_stdout, on_stderr);
         // Both senders are dropped at the end of the output: the process died first.
         match tokio::time::timeout(START_TIMEOUT, ready_rx).await {

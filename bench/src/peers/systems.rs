@@ -106,7 +106,7 @@ impl Running {
         let kind = match system {
             System::StileWasm | System::StileNative | System::StileCold => {
                 let mut named = t.config().clone();
-                named.application_name(&format!("stile-{}", system.queue()));
+                named.application_name(format!("stile-{}", system.queue()));
                 let options = GatewayOptions {
                     engine: Some(if system == System::StileNative { "native" } else { "wasm" }),
                     cache_mb: (system == System::StileCold).then_some(0),
@@ -198,7 +198,7 @@ async fn start_endpoint(design: Design, t: &TestDb, config: &StartConfig, redis:
     let pg = t.client().await;
     pg.batch_execute(&design.ddl()).await.expect("create the peer's table");
     let mut named = t.config().clone();
-    named.application_name(&format!("peer-{}", design.schema()));
+    named.application_name(format!("peer-{}", design.schema()));
     let mut command = Command::new(endpoint_binary());
     command
         .args(["--design", if design == Design::Postgres { "postgres" } else { "redis-postgres" }])
