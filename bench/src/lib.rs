@@ -31,6 +31,14 @@ pub fn write_push_body(body: &mut String, queue: &str, partition: usize, tag: &s
     body.push_str("]}");
 }
 
+/// The latency at percentile `p` (nearest rank) of latencies in
+/// microseconds sorted ascending, in milliseconds; NaN if there are none.
+pub fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
+    debug_assert!(sorted_us.is_sorted(), "the latencies are sorted");
+    let rank = ((p / 100.0) * sorted_us.len() as f64).ceil() as usize;
+    sorted_us.get(rank.clamp(1, sorted_us.len().max(1)) - 1).map_or(f64::NAN, |&us| f64::from(us) / 1000.0)
+}
+
 /// The value of a flag that turns something off or on, written as the
 /// results pages quote the commands (`--sync on`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -147,6 +155,16 @@ mod tests {
         assert_eq!(seconds("1_0"), Ok(10.0));
         assert!(seconds("-1").is_err());
         assert!(seconds("inf").is_err());
+    }
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let sorted: Vec<u32> = (1..=100).map(|ms| ms * 1000).collect();
+        assert_eq!(percentile_ms(&sorted, 50.0), 50.0);
+        assert_eq!(percentile_ms(&sorted, 99.0), 99.0);
+        assert_eq!(percentile_ms(&sorted, 0.0), 1.0);
+        assert_eq!(percentile_ms(&[2500], 99.0), 2.5);
+        assert!(percentile_ms(&[], 50.0).is_nan());
     }
 
     #[test]

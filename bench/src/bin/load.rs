@@ -62,7 +62,9 @@ use rand::{Rng as _, SeedableRng as _};
 use serde_json::json;
 use stile::db::config_to_url;
 use stile_bench::pgbench::{PeerFigures, Pgbench};
-use stile_bench::{Switch, count, load_average, machine, median, run_to_end, seconds, server_version, write_push_body};
+use stile_bench::{
+    Switch, count, load_average, machine, median, percentile_ms, run_to_end, seconds, server_version, write_push_body,
+};
 use stile_tests::cpu::{context_switches, cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
 use stile_tests::pg::{TestDb, backend_pids};
@@ -463,14 +465,6 @@ const SERIES: [&str; 8] = [
     "stile_sql_push_seconds_count",
 ];
 
-fn percentile(sorted: &[u32], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    f64::from(sorted[rank.clamp(1, sorted.len()) - 1]) / 1000.0
-}
-
 async fn series(client: &mut Client) -> [f64; 8] {
     let text = client.metrics().await;
     SERIES.map(|series| metric(&text, series))
@@ -534,10 +528,10 @@ async fn measure(
     tally.retry_latencies_us.sort_unstable();
     Figures {
         rate: tally.items as f64 / slice.secs,
-        p50_ms: percentile(&tally.latencies_us, 50.0),
-        p99_ms: percentile(&tally.latencies_us, 99.0),
-        retry_p50_ms: percentile(&tally.retry_latencies_us, 50.0),
-        retry_p99_ms: percentile(&tally.retry_latencies_us, 99.0),
+        p50_ms: percentile_ms(&tally.latencies_us, 50.0),
+        p99_ms: percentile_ms(&tally.latencies_us, 99.0),
+        retry_p50_ms: percentile_ms(&tally.retry_latencies_us, 50.0),
+        retry_p99_ms: percentile_ms(&tally.retry_latencies_us, 99.0),
         requests: tally.requests,
         retries: tally.retries,
         duplicates: tally.duplicates,

@@ -27,7 +27,7 @@ use clap::Parser;
 use hyper::Method;
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
-use stile_bench::{count, machine, run_to_end, seconds, server_version, write_push_body};
+use stile_bench::{count, machine, percentile_ms, run_to_end, seconds, server_version, write_push_body};
 use stile_tests::gateway::{Client, Gateway, fresh_database, metric};
 
 #[derive(Debug, Parser)]
@@ -186,10 +186,7 @@ async fn phase(gw: &Gateway, args: &Args, queue: &str, conns: usize) -> Phase {
     let (peak_rss_mb, peak_held_mb, mut observer) = sampler.await.expect("the sampler");
     let waited = metric(&observer.metrics().await, "stile_requests_waited_for_room_total") - waited_before;
     latencies.sort_unstable();
-    let percentile = |p: f64| {
-        let rank = ((p / 100.0) * latencies.len() as f64).ceil() as usize;
-        latencies.get(rank.clamp(1, latencies.len().max(1)) - 1).map_or(f64::NAN, |&us| f64::from(us) / 1000.0)
-    };
+    let percentile = |p: f64| percentile_ms(&latencies, p);
     Phase {
         conns,
         accepted_per_sec: accepted as f64 / args.secs,

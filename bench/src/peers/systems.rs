@@ -188,10 +188,15 @@ fn pid(process: &Process) -> i32 {
     i32::try_from(process.pid()).expect("a pid fits i32")
 }
 
-/// The `peer_endpoint` program beside this one.
+/// The `peer_endpoint` program beside this one (or beside the directory
+/// of a test executable, `target/<profile>/deps`).
 fn endpoint_binary() -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("the running executable");
-    exe.with_file_name(format!("peer_endpoint{}", std::env::consts::EXE_SUFFIX))
+    let mut dir = exe.parent().expect("an executable lives in a directory").to_path_buf();
+    if dir.file_name().is_some_and(|name| name == "deps") {
+        dir.pop();
+    }
+    dir.join(format!("peer_endpoint{}", std::env::consts::EXE_SUFFIX))
 }
 
 async fn start_endpoint(design: Design, t: &TestDb, config: &StartConfig, redis: Option<(Process, String)>) -> Kind {

@@ -137,11 +137,7 @@ impl Tally {
     /// The request latency at percentile `p`, in milliseconds.
     pub fn percentile_ms(&mut self, p: f64) -> f64 {
         self.latencies_us.sort_unstable();
-        if self.latencies_us.is_empty() {
-            return f64::NAN;
-        }
-        let rank = ((p / 100.0) * self.latencies_us.len() as f64).ceil() as usize;
-        f64::from(self.latencies_us[rank.clamp(1, self.latencies_us.len()) - 1]) / 1000.0
+        crate::percentile_ms(&self.latencies_us, p)
     }
 }
 
