@@ -9,6 +9,9 @@
 #
 #   tests/api-fuzz/run.sh [SECONDS]      (default 240, or $API_FUZZ_SECONDS)
 #
+# hooks.py beside this script tells schemathesis how to draw what the
+# schema alone cannot (a timer's payload: base64 of JSON).
+#
 # SECONDS is the time schemathesis runs, in two passes: every operation but
 # configure first (so every queue keeps its one-hour window and any second
 # copy of an id is a violation), then the invariant, then configure alone.
@@ -113,7 +116,7 @@ fuzz() {
     say "schemathesis: $name (${budget} s)"
     # From target/api-fuzz, where schemathesis keeps the failures it found
     # (.schemathesis/) and replays them first on the next run.
-    (cd "$out" && "$venv/bin/schemathesis" run "$document" --url "$url" \
+    (cd "$out" && SCHEMATHESIS_HOOKS="$root/tests/api-fuzz/hooks.py" "$venv/bin/schemathesis" run "$document" --url "$url" \
         --checks not_a_server_error,response_schema_conformance \
         --max-time "$budget" --max-examples 100 --workers 2 --seed "$seed" \
         --request-timeout 30 --generation-database none --suppress-health-check all \
