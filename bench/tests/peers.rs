@@ -20,7 +20,7 @@ async fn keeps_its_promise(system: System) {
     let t = fresh_database().await;
     let config = StartConfig { partitions: 4, pool_size: 2, window: Duration::from_secs(3600) };
     let running = Running::start(system, &t, &config).await;
-    let mut transport = running.transport(4).await;
+    let mut transport = running.transport().await;
     let request = Request { tag: Arc::from("probe"), seq: 1, partition: 3, size: 5 };
     assert_eq!(transport.send(&request).await.unwrap(), [true; 5], "{system:?}: fresh messages are new");
     assert_eq!(transport.send(&request).await.unwrap(), [false; 5], "{system:?}: a redelivery is a duplicate");

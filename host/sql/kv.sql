@@ -6,7 +6,9 @@
 -- {"results": [...], "failed": i}: one result per operation, and the index of
 -- the first `required` operation that did not apply (null when none). The
 -- caller rolls back when `failed` is set, so that nothing of the call is
--- written.
+-- written. An answer whose results grow past p_max_answer_bytes (as jsonb;
+-- null for no bound) is refused under SQLSTATE SK002, naming the operation
+-- that crossed it, before more is read.
 --
 -- Operations arrive validated and normalised by the gateway (host/src/kv.rs):
 -- "op" is one of get, getMany, getPrefix, check, put, putIfAbsent, delete,
@@ -15,13 +17,14 @@
 -- lock (SELECT ... FOR UPDATE), or, for an absent key, by an INSERT that a
 -- concurrent creator makes wait: two callers racing one putIfAbsent from any
 -- number of gateways get exactly one winner.
-CREATE OR REPLACE FUNCTION stile.kv_apply(p_ops jsonb)
+CREATE OR REPLACE FUNCTION stile.kv_apply(p_ops jsonb, p_max_answer_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
-    v_results jsonb := '[]'::jsonb;
+    v_results jsonb[] := '{}';
+    v_bytes bigint := 0;
     v_failed integer;
     v_result jsonb;
     v_op jsonb;
@@ -34,25 +37,36 @@ BEGIN
             WHEN 'getPrefix' THEN stile.kv_get_prefix(v_op, v_now)
             ELSE stile.kv_write(v_op, v_now)
         END;
-        v_results := v_results || jsonb_build_array(jsonb_build_object('index', i) || v_result);
+        v_bytes := v_bytes + pg_column_size(v_result);
+        IF v_bytes > p_max_answer_bytes THEN
+            RAISE EXCEPTION USING ERRCODE = 'SK002',
+                MESSAGE = format('operations[%s]: the answer would exceed the limit of %s bytes', i, p_max_answer_bytes);
+        END IF;
+        v_results := v_results || (jsonb_build_object('index', i) || v_result);
         IF v_failed IS NULL AND (v_op ->> 'required')::boolean AND NOT (v_result ->> 'applied')::boolean THEN
             v_failed := i;
         END IF;
     END LOOP;
-    RETURN jsonb_build_object('results', v_results, 'failed', v_failed);
+    RETURN jsonb_build_object('results', to_jsonb(v_results), 'failed', v_failed);
 END
 $$;
+
+-- kv_apply without a bound on its answer, for gateways of an earlier build.
+CREATE OR REPLACE FUNCTION stile.kv_apply(p_ops jsonb)
+RETURNS jsonb
+LANGUAGE sql
+AS $$ SELECT stile.kv_apply(p_ops, NULL) $$;
 
 -- kv_apply as one statement of its own (the standalone KV route): when a
 -- required operation did not apply, the answer is raised as the error's
 -- message under SQLSTATE SK001, which aborts the statement and with it every
 -- write of the call, in one round trip.
-CREATE OR REPLACE FUNCTION stile.kv_apply_atomic(p_ops jsonb)
+CREATE OR REPLACE FUNCTION stile.kv_apply_atomic(p_ops jsonb, p_max_answer_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_answer jsonb := stile.kv_apply(p_ops);
+    v_answer jsonb := stile.kv_apply(p_ops, p_max_answer_bytes);
 BEGIN
     IF v_answer ->> 'failed' IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'SK001', MESSAGE = v_answer::text;
@@ -60,6 +74,13 @@ BEGIN
     RETURN v_answer;
 END
 $$;
+
+-- kv_apply_atomic without a bound on its answer, for gateways of an earlier
+-- build.
+CREATE OR REPLACE FUNCTION stile.kv_apply_atomic(p_ops jsonb)
+RETURNS jsonb
+LANGUAGE sql
+AS $$ SELECT stile.kv_apply_atomic(p_ops, NULL) $$;
 
 -- A key's row as the API shows it. Times are ms since the epoch.
 CREATE OR REPLACE FUNCTION stile.kv_row(p_key text, p_value jsonb, p_version bigint, p_expires timestamptz, p_updated timestamptz)

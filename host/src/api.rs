@@ -9,6 +9,7 @@ use std::fmt::{self, Display};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use unicode_normalization::UnicodeNormalization as _;
 
 pub use crate::payload::Payload;
 
@@ -166,7 +167,11 @@ impl Display for ItemField<'_> {
     }
 }
 
-/// Checks a transactionId: non-empty, at most [`MAX_TRANSACTION_ID_BYTES`].
+/// Checks a transactionId: non-empty, at most [`MAX_TRANSACTION_ID_BYTES`],
+/// without U+0000. It is compared byte for byte, never normalised: an id is
+/// the producer's, and two spellings are two ids. PostgreSQL's text cannot
+/// hold U+0000, so an id with one would fail the whole bundle it joined;
+/// it is refused here, before it joins one.
 pub fn validate_transaction_id(field: impl Display, id: &str) -> Result<(), BadRequest> {
     if id.is_empty() {
         return Err(BadRequest::new(format!("{field}: must not be empty (omit it to get the message id)")));
@@ -174,13 +179,36 @@ pub fn validate_transaction_id(field: impl Display, id: &str) -> Result<(), BadR
     if id.len() > MAX_TRANSACTION_ID_BYTES {
         return Err(BadRequest::new(format!("{field}: {} bytes exceed the limit of {MAX_TRANSACTION_ID_BYTES}", id.len())));
     }
+    if id.contains('\0') {
+        return Err(nul_refused(field));
+    }
     Ok(())
+}
+
+/// The refusal of a string holding U+0000, which PostgreSQL's text and
+/// jsonb cannot hold.
+pub fn nul_refused(field: impl Display) -> BadRequest {
+    BadRequest::new(format!("{field}: must not contain the character U+0000"))
+}
+
+/// Refuses a JSON value with U+0000 in any string or key: such a value
+/// cannot become `jsonb` (a configure's options, a KV value).
+pub fn refuse_nul_in(field: impl Display, value: &Value) -> Result<(), BadRequest> {
+    fn holds_nul(value: &Value) -> bool {
+        match value {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(items) => items.iter().any(holds_nul),
+            Value::Object(fields) => fields.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+            Value::Null | Value::Bool(_) | Value::Number(_) => false,
+        }
+    }
+    if holds_nul(value) { Err(nul_refused(field)) } else { Ok(()) }
 }
 
 /// Validates a queue or partition name given as a JSON value.
 pub fn name_value(field: impl Display + Copy, value: Value) -> Result<String, BadRequest> {
     match value {
-        Value::String(name) => validate_name(field, &name).map(|()| name),
+        Value::String(name) => checked_name(field, name),
         other => Err(BadRequest::new(format!("{field}: expected a string, got {}", type_name(&other)))),
     }
 }
@@ -190,8 +218,7 @@ fn raw_name(field: impl Display + Copy, raw: &RawValue) -> Result<String, BadReq
     if raw_type_name(raw) != STRING {
         return Err(BadRequest::new(format!("{field}: expected a string, got {}", raw_type_name(raw))));
     }
-    let name = decode_string(field, raw)?;
-    validate_name(field, &name).map(|()| name)
+    checked_name(field, decode_string(field, raw)?)
 }
 
 /// The string a raw JSON string holds. Capturing the raw value checked its
@@ -201,9 +228,22 @@ fn decode_string(field: impl Display, raw: &RawValue) -> Result<String, BadReque
     serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: malformed JSON string ({error})")))
 }
 
-/// Queue and partition names: non-empty, at most 255 bytes, no control
-/// characters (`\x1f` separates them in layer 1's key).
-pub fn validate_name(field: impl Display, name: &str) -> Result<(), BadRequest> {
+/// A queue or partition name, validated and in Unicode's composed form
+/// (NFC): names that differ only in how an accented letter is encoded name
+/// one queue. Non-empty, at most 255 bytes (once composed), no control
+/// characters (`\x1f` separates names in layer 1's key, and PostgreSQL's
+/// text cannot hold U+0000).
+pub fn checked_name(field: impl Display, name: String) -> Result<String, BadRequest> {
+    let name = match unicode_normalization::is_nfc_quick(name.chars()) {
+        unicode_normalization::IsNormalized::Yes => name,
+        _ => name.nfc().collect(),
+    };
+    validate_name(field, &name)?;
+    Ok(name)
+}
+
+/// [`checked_name`]'s rules, on a name already composed.
+fn validate_name(field: impl Display, name: &str) -> Result<(), BadRequest> {
     if name.is_empty() {
         return Err(BadRequest::new(format!("{field}: must not be empty")));
     }
@@ -263,6 +303,12 @@ pub fn parse_configure(body: &[u8]) -> Result<ConfigureRequest, BadRequest> {
     }
     if let Some(key) = root.keys().next() {
         return Err(BadRequest::new(format!("{key}: unknown field of a configure request")));
+    }
+    for (key, value) in &options {
+        refuse_nul_in(format_args!("options.{key}"), value)?;
+        if key.contains('\0') {
+            return Err(nul_refused("options"));
+        }
     }
     Ok(ConfigureRequest { queue, options, mode })
 }
@@ -403,8 +449,8 @@ mod tests {
 
     #[test]
     fn name_limit_is_inclusive() {
-        assert!(validate_name("queue", &"q".repeat(MAX_NAME_BYTES)).is_ok());
-        assert!(validate_name("queue", &"q".repeat(MAX_NAME_BYTES + 1)).is_err());
+        assert!(checked_name("queue", "q".repeat(MAX_NAME_BYTES)).is_ok());
+        assert!(checked_name("queue", "q".repeat(MAX_NAME_BYTES + 1)).is_err());
     }
 
     #[test]

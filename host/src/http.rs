@@ -14,6 +14,7 @@
 //! | `GET`, `DELETE /api/v1/timers/{queue}/{timerKey}` | peek, cancel |
 //! | `GET /health` | 200 when the database answers, else 503 |
 //! | `GET /metrics` | Prometheus text |
+//! | `GET /api/v1/openapi.json` | the OpenAPI document of every route (`host/openapi.json`) |
 //!
 //! The routes are one table, `crate::router::ROUTES`.
 
@@ -22,21 +23,25 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full, Limited};
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt as _;
 use hyper::body::{Body as _, Incoming};
-use hyper::header::{AUTHORIZATION, CONTENT_TYPE, ETAG, HeaderValue, RETRY_AFTER};
-use hyper::{Request, Response, StatusCode};
+use hyper::header::{
+    ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE,
+    ACCESS_CONTROL_REQUEST_METHOD, AUTHORIZATION, CONTENT_TYPE, ETAG, HOST, HeaderValue, ORIGIN, RETRY_AFTER, VARY,
+};
+use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::api::{self, BadRequest};
-use crate::db::{ConfigureError, DbError, StoredMessage};
+use crate::conn::{ConnectionLimits, ConnectionPhase};
+use crate::db::{ConfigureError, DbError, PageBound, StoredMessage};
 use crate::gateway::{Gateway, PushResult};
 use crate::hash::txn_hash;
-use crate::intake::{Held, Intake};
+use crate::intake::{Held, HeldBody, Intake};
 use crate::router::{self, Endpoint, Matched, Unrouted};
 use crate::shard::PushFailure;
 use crate::{kv, timers, transaction};
@@ -50,6 +55,27 @@ pub struct HttpConfig {
     pub max_items: usize,
     /// When set, `/api/*` requires `Authorization: Bearer <token>`.
     pub bearer_token: Option<String>,
+    /// Origins other than the gateway's own whose browser requests are
+    /// served (with CORS headers); `*` allows every origin. Empty: a request
+    /// that carries another origin is refused.
+    pub cors_origins: Vec<String>,
+    /// The largest answer one read may return, in bytes.
+    pub answer_limit: usize,
+    /// How long the gateway waits for a client.
+    pub limits: ConnectionLimits,
+}
+
+impl Default for HttpConfig {
+    fn default() -> HttpConfig {
+        HttpConfig {
+            body_limit: 16 << 20,
+            max_items: 10_000,
+            bearer_token: None,
+            cors_origins: Vec::new(),
+            answer_limit: 32 << 20,
+            limits: ConnectionLimits::default(),
+        }
+    }
 }
 
 /// Shared state of every connection.
@@ -61,43 +87,79 @@ pub struct App {
     pub intake: Intake,
 }
 
-type Reply = Response<Full<Bytes>>;
+/// An answer as a handler builds it; [`handle`] holds its bytes against the
+/// intake until they are sent.
+type Reply = Response<Bytes>;
 
-/// Serves one request.
-pub async fn handle(app: Arc<App>, request: Request<Incoming>, _peer: SocketAddr) -> Result<Reply, Infallible> {
+/// Serves one request of the connection whose phase is `phase`.
+pub async fn handle(
+    app: Arc<App>,
+    request: Request<Incoming>,
+    _peer: SocketAddr,
+    phase: ConnectionPhase,
+) -> Result<Response<HeldBody>, Infallible> {
+    phase.serving();
+    let origin = match browser_origin(&app.config, &request) {
+        Ok(origin) => origin,
+        Err(refused) => return Ok(answer(&app, refused, Held::default(), &phase)),
+    };
+    let mut held = Held::default();
+    let mut reply = route(&app, request, &mut held).await;
+    if let Some(origin) = origin {
+        reply.headers_mut().insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        reply.headers_mut().insert(VARY, HeaderValue::from_static("Origin"));
+    }
+    Ok(answer(&app, reply, held, &phase))
+}
+
+/// Holds the answer's bytes against the intake (giving back what the
+/// request held for its body beyond them) until the connection has sent
+/// them.
+fn answer(app: &App, reply: Reply, held: Held, phase: &ConnectionPhase) -> Response<HeldBody> {
+    let (parts, bytes) = reply.into_parts();
+    let held = app.intake.hold_answer(held, bytes.len());
+    phase.answered();
+    Response::from_parts(parts, HeldBody::new(bytes, held))
+}
+
+async fn route(app: &App, request: Request<Incoming>, held: &mut Held) -> Reply {
     let path = request.uri().path().to_owned();
     let method = request.method().clone();
+    if method == Method::OPTIONS && request.headers().contains_key(ACCESS_CONTROL_REQUEST_METHOD) {
+        return preflight(&path);
+    }
     if path.starts_with("/api/") && !authorized(&app.config, &request) {
-        return Ok(error(StatusCode::UNAUTHORIZED, "authorization: a valid bearer token is required"));
+        return error(StatusCode::UNAUTHORIZED, "authorization: a valid bearer token is required");
     }
     let reply = match router::route(&method, &path) {
-        Ok(matched) => serve(&app, matched, request).await,
+        Ok(matched) => serve(app, matched, request, held).await,
         Err(Unrouted::NotFound) => Err(Failure::Status(StatusCode::NOT_FOUND, format!("no route for {path}"))),
         Err(Unrouted::MethodNotAllowed) => {
             Err(Failure::Status(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {path}")))
         }
         Err(Unrouted::BadParameter(name)) => Err(BadRequest::new(format!("{name}: not percent-encoded UTF-8")).into()),
     };
-    Ok(reply.unwrap_or_else(Failure::into_response))
+    reply.unwrap_or_else(Failure::into_response)
 }
 
-async fn serve(app: &App, matched: Matched, request: Request<Incoming>) -> Result<Reply, Failure> {
+async fn serve(app: &App, matched: Matched, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     match matched.endpoint {
-        Endpoint::Push => push(app, request).await,
-        Endpoint::Configure => configure(app, request).await,
+        Endpoint::Push => push(app, request, held).await,
+        Endpoint::Configure => configure(app, request, held).await,
         Endpoint::Messages => messages(app, &request).await,
         Endpoint::MessageByTransactionId => by_transaction_id(app, &request).await,
-        Endpoint::KvBatch => kv_batch(app, request).await,
+        Endpoint::KvBatch => kv_batch(app, request, held).await,
         Endpoint::KvGet => kv_get(app, &matched).await,
-        Endpoint::KvPut => kv_put(app, &matched, request).await,
+        Endpoint::KvPut => kv_put(app, &matched, request, held).await,
         Endpoint::KvDelete => kv_delete(app, &matched).await,
-        Endpoint::Transaction => transaction(app, request).await,
-        Endpoint::TimersBatch => timers_batch(app, request).await,
+        Endpoint::Transaction => transaction(app, request, held).await,
+        Endpoint::TimersBatch => timers_batch(app, request, held).await,
         Endpoint::TimersList => timers_list(app, &matched, &request).await,
         Endpoint::TimerPeek => timer_peek(app, &matched).await,
         Endpoint::TimerCancel => timer_cancel(app, &matched, &request).await,
         Endpoint::Health => health(app).await,
         Endpoint::Metrics => Ok(metrics(app)),
+        Endpoint::OpenApi => Ok(openapi()),
     }
 }
 
@@ -133,6 +195,10 @@ impl From<DbError> for Failure {
         // database's words.
         if error.is_unavailable() {
             Failure::Unavailable(error.to_string())
+        } else if let DbError::TooLarge(message) = error {
+            Failure::Status(StatusCode::PAYLOAD_TOO_LARGE, message)
+        } else if let (Some(kv::ANSWER_TOO_LARGE), DbError::Postgres { message, .. }) = (error.sqlstate(), &error) {
+            Failure::Status(StatusCode::PAYLOAD_TOO_LARGE, message.clone())
         } else {
             tracing::error!(error = %error, "database error");
             let message = match error {
@@ -154,8 +220,8 @@ impl From<PushFailure> for Failure {
     }
 }
 
-async fn push(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
-    let (body, _held) = read_body(app, request).await?;
+async fn push(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
+    let body = read_body(app, request, held).await?;
     let items = api::parse_push(&body, app.config.max_items)?;
     drop(body);
     let results = app.gateway.push(items).await?;
@@ -192,8 +258,8 @@ impl<'a> PushEntry<'a> {
     }
 }
 
-async fn configure(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
-    let (body, _held) = read_body(app, request).await?;
+async fn configure(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
+    let body = read_body(app, request, held).await?;
     let request = api::parse_configure(&body)?;
     let mode = match request.mode {
         api::ConfigureMode::Merge => crate::db::ConfigureMode::Merge,
@@ -216,9 +282,11 @@ async fn messages(app: &App, request: &Request<Incoming>) -> Result<Reply, Failu
     if !(1..=10_000).contains(&limit) {
         return Err(BadRequest::new("limit: must be between 1 and 10000").into());
     }
-    let stored = app.gateway.db().read_messages(&queue, &partition, from, limit).await?;
-    let messages: Vec<MessageReply<'_>> = stored.iter().map(MessageReply::from).collect();
-    Ok(json_reply(StatusCode::OK, &MessagesReply { messages, partition: &partition, queue: &queue }))
+    let bound = PageBound { messages: limit, bytes: app.config.answer_limit.saturating_sub(1024) };
+    let page = app.gateway.db().read_messages(&queue, &partition, from, bound).await?;
+    let messages: Vec<MessageReply<'_>> = page.messages.iter().map(MessageReply::from).collect();
+    let reply = MessagesReply { messages, partition: &partition, queue: &queue, truncated: page.truncated };
+    Ok(json_reply(StatusCode::OK, &reply))
 }
 
 async fn by_transaction_id(app: &App, request: &Request<Incoming>) -> Result<Reply, Failure> {
@@ -227,6 +295,7 @@ async fn by_transaction_id(app: &App, request: &Request<Incoming>) -> Result<Rep
     let Some(transaction_id) = query.get("transactionId").filter(|id| !id.is_empty()) else {
         return Err(BadRequest::new("transactionId: missing").into());
     };
+    api::validate_transaction_id("transactionId", transaction_id)?;
     let hash = txn_hash(transaction_id);
     match app.gateway.db().message_by_transaction_id(&queue, &partition, hash, transaction_id).await? {
         Some(message) => Ok(json_reply(StatusCode::OK, &MessageReply::from(&message))),
@@ -263,17 +332,21 @@ struct MessagesReply<'a> {
     messages: Vec<MessageReply<'a>>,
     partition: &'a str,
     queue: &'a str,
+    /// Present when the page ended at the answer limit, before `limit`
+    /// messages: more may follow its last offset.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    truncated: bool,
 }
 
-async fn kv_batch(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
-    let (body, _held) = read_body(app, request).await?;
+async fn kv_batch(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
+    let body = read_body(app, request, held).await?;
     let ops = kv::parse_batch(&body)?;
     kv_reply(app, &ops).await
 }
 
 async fn kv_get(app: &App, matched: &Matched) -> Result<Reply, Failure> {
     let op = kv::path_op(kv::OpKind::Get, matched.param("ns"), matched.param("key"))?;
-    let applied = kv::apply(app.gateway.db(), std::slice::from_ref(&op)).await?;
+    let applied = kv::apply(app.gateway.db(), std::slice::from_ref(&op), kv_limit(app)).await?;
     count_kv(app, &applied);
     let result = &applied.results[0];
     if result.get("found") != Some(&Value::Bool(true)) {
@@ -288,8 +361,8 @@ async fn kv_get(app: &App, matched: &Matched) -> Result<Reply, Failure> {
     Ok(reply)
 }
 
-async fn kv_put(app: &App, matched: &Matched, request: Request<Incoming>) -> Result<Reply, Failure> {
-    let (body, _held) = read_body(app, request).await?;
+async fn kv_put(app: &App, matched: &Matched, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
+    let body = read_body(app, request, held).await?;
     let op = kv::parse_put(matched.param("ns"), matched.param("key"), &body)?;
     kv_reply(app, std::slice::from_ref(&op)).await
 }
@@ -302,12 +375,18 @@ async fn kv_delete(app: &App, matched: &Matched) -> Result<Reply, Failure> {
 /// Applies KV operations and answers 200 with their results, or, when a
 /// `required` one did not apply, with the lost precondition (nothing written).
 async fn kv_reply(app: &App, ops: &[kv::KvOp]) -> Result<Reply, Failure> {
-    let applied = kv::apply(app.gateway.db(), ops).await?;
+    let applied = kv::apply(app.gateway.db(), ops, kv_limit(app)).await?;
     count_kv(app, &applied);
     match applied.failed {
         Some(failed) => Ok(json_reply(StatusCode::OK, &Value::Object(applied.precondition_failure(failed, failed)))),
         None => Ok(json_reply(StatusCode::OK, &json!({ "results": applied.results }))),
     }
+}
+
+/// What KV results one answer may hold: the answer limit, less room for
+/// the JSON around them.
+fn kv_limit(app: &App) -> kv::AnswerLimit {
+    kv::AnswerLimit::bytes(app.config.answer_limit.saturating_sub(4096))
 }
 
 /// Counts answered KV operations by outcome: `read` (no verdict),
@@ -324,31 +403,33 @@ fn count_kv(app: &App, applied: &kv::Applied) {
     }
 }
 
-async fn transaction(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
-    let (body, _held) = read_body(app, request).await?;
+async fn transaction(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
+    let body = read_body(app, request, held).await?;
     let request = transaction::parse(&body, app.config.max_items)?;
     drop(body);
-    let answer = transaction::run(&app.gateway, request).await?;
+    let answer = transaction::run(&app.gateway, request, kv_limit(app)).await?;
     Ok(json_reply(StatusCode::OK, &answer))
 }
 
-async fn timers_batch(app: &App, request: Request<Incoming>) -> Result<Reply, Failure> {
-    let (body, _held) = read_body(app, request).await?;
+async fn timers_batch(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
+    let body = read_body(app, request, held).await?;
     let ops = timers::parse_batch(&body)?;
     let results = timers::apply(&app.gateway, &ops).await?;
     Ok(json_reply(StatusCode::OK, &json!({ "results": results })))
 }
 
 async fn timers_list(app: &App, matched: &Matched, request: &Request<Incoming>) -> Result<Reply, Failure> {
-    let queue = matched.param("queue");
-    api::validate_name("queue", queue)?;
+    let queue = api::checked_name("queue", matched.param("queue").to_owned())?;
     let (after, limit) = timers::page_query(&query(request))?;
-    let page = timers::list(&app.gateway, queue, after.as_deref(), limit).await?;
+    let page = timers::list(&app.gateway, &queue, after.as_deref(), limit).await?;
     Ok(json_reply(StatusCode::OK, &page))
 }
 
 async fn timer_peek(app: &App, matched: &Matched) -> Result<Reply, Failure> {
-    match timers::peek(&app.gateway, matched.param("queue"), matched.param("timerKey")).await? {
+    let queue = api::checked_name("queue", matched.param("queue").to_owned())?;
+    let timer_key = matched.param("timerKey");
+    kv::validate_key("timerKey", timer_key)?;
+    match timers::peek(&app.gateway, &queue, timer_key).await? {
         Some(timer) => Ok(json_reply(StatusCode::OK, &timer)),
         None => Ok(json_reply(StatusCode::OK, &json!({ "found": false }))),
     }
@@ -372,29 +453,122 @@ async fn health(app: &App) -> Result<Reply, Failure> {
 
 fn metrics(app: &App) -> Reply {
     app.gateway.metrics().publish_intake(app.intake.held_bytes(), app.intake.limit_bytes());
-    let mut reply = Response::new(Full::new(Bytes::from(app.gateway.metrics().render())));
+    let mut reply = Response::new(Bytes::from(app.gateway.metrics().render()));
     reply.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     reply
 }
 
-/// Reads a body within the limit, once the intake has room for it. A body
-/// whose declared length is over the limit is refused before anything waits
-/// or is read.
-async fn read_body(app: &App, request: Request<Incoming>) -> Result<(Bytes, Held), Failure> {
+/// The OpenAPI document of every route, as kept in `host/openapi.json`.
+fn openapi() -> Reply {
+    let mut reply = Response::new(Bytes::from_static(crate::openapi::DOCUMENT.as_bytes()));
+    reply.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    reply
+}
+
+/// Reads a body within the size limit and the body's time limit, charging
+/// the intake for each piece as it arrives (and waiting for room before
+/// reading on). A body whose declared length is over the limit is refused
+/// before anything is read.
+///
+/// The time limit counts only the waits for the client's bytes. A wait for
+/// room while this request already holds part of the budget is bounded by
+/// the same limit, so that requests that each hold part and all wait for
+/// more cannot wait forever: the one that gives up answers 503.
+async fn read_body(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Bytes, Failure> {
     let limit = app.config.body_limit;
     let too_large = || Failure::from(BadRequest::too_large(format!("body: exceeds the limit of {limit} bytes")));
-    let declared = request.body().size_hint().exact().and_then(|n| usize::try_from(n).ok());
-    if declared.is_some_and(|n| n > limit) {
+    if request.body().size_hint().lower() > limit as u64 {
         return Err(too_large());
     }
-    let mut held = app.intake.admit(declared.unwrap_or(limit)).await;
-    let body = match Limited::new(request.into_body(), limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
-        Err(error) => return Err(BadRequest::new(format!("body: could not be read ({error})")).into()),
-    };
-    held.shrink_to(&app.intake, body.len());
-    Ok((body, held))
+    let time_limit = app.config.limits.body;
+    let mut client_time_left = time_limit;
+    let mut body = request.into_body();
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0usize;
+    loop {
+        let waited_from = tokio::time::Instant::now();
+        let frame = match tokio::time::timeout(client_time_left, body.frame()).await {
+            Err(_) => {
+                return Err(Failure::Status(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("body: not received within {} s", time_limit.as_secs_f64()),
+                ));
+            }
+            Ok(None) => break,
+            Ok(Some(Err(error))) => return Err(BadRequest::new(format!("body: could not be read ({error})")).into()),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        client_time_left = client_time_left.saturating_sub(waited_from.elapsed());
+        let Ok(chunk) = frame.into_data() else { continue };
+        total += chunk.len();
+        if total > limit {
+            return Err(too_large());
+        }
+        if held.bytes() == 0 {
+            app.intake.take_body(held, chunk.len()).await;
+        } else if tokio::time::timeout(time_limit, app.intake.take_body(held, chunk.len())).await.is_err() {
+            return Err(Failure::Unavailable("body: the gateway has no room for it now; retry".into()));
+        }
+        chunks.push(chunk);
+    }
+    Ok(concat(chunks, total))
+}
+
+/// One buffer of a body's pieces: the piece itself when there is one.
+fn concat(mut chunks: Vec<Bytes>, total: usize) -> Bytes {
+    if chunks.len() == 1 {
+        return chunks.pop().expect("one chunk");
+    }
+    let mut joined = BytesMut::with_capacity(total);
+    for chunk in chunks {
+        joined.extend_from_slice(&chunk);
+    }
+    joined.freeze()
+}
+
+/// The origin of a browser's request, when it is one the gateway serves
+/// with CORS headers (`None` for a request without `Origin`, or from the
+/// gateway's own origin). A browser sends `Origin` with every cross-site
+/// POST, and a page on any site may send one (a form, or `fetch` with
+/// `text/plain`) without asking first; without this check, any page a user
+/// of the gateway opens could write to it.
+fn browser_origin(config: &HttpConfig, request: &Request<Incoming>) -> Result<Option<HeaderValue>, Reply> {
+    let Some(origin) = request.headers().get(ORIGIN) else { return Ok(None) };
+    let host = request.headers().get(HOST).and_then(|h| h.to_str().ok());
+    let text = origin.to_str().unwrap_or("");
+    let own = host.is_some_and(|host| {
+        let rest = text.strip_prefix("http://").or_else(|| text.strip_prefix("https://"));
+        rest.is_some_and(|rest| rest.eq_ignore_ascii_case(host))
+    });
+    if own {
+        return Ok(None);
+    }
+    if config.cors_origins.iter().any(|allowed| allowed == "*" || allowed.eq_ignore_ascii_case(text)) {
+        return Ok(Some(origin.clone()));
+    }
+    Err(error(
+        StatusCode::FORBIDDEN,
+        &format!("origin: requests from {text:?} are refused (a browser on another site); allow it with --cors-origin"),
+    ))
+}
+
+/// The answer to a browser's CORS preflight from an allowed origin.
+fn preflight(path: &str) -> Reply {
+    let methods: Vec<&str> = [Method::GET, Method::POST, Method::PUT, Method::DELETE]
+        .iter()
+        .filter(|method| router::route(method, path).is_ok())
+        .map(Method::as_str)
+        .collect();
+    if methods.is_empty() {
+        return error(StatusCode::NOT_FOUND, &format!("no route for {path}"));
+    }
+    let mut reply = Response::new(Bytes::new());
+    *reply.status_mut() = StatusCode::NO_CONTENT;
+    let headers = reply.headers_mut();
+    headers.insert(ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_str(&methods.join(", ")).expect("method names are ASCII"));
+    headers.insert(ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type"));
+    headers.insert(ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+    reply
 }
 
 fn query(request: &Request<Incoming>) -> HashMap<String, String> {
@@ -403,10 +577,9 @@ fn query(request: &Request<Incoming>) -> HashMap<String, String> {
 }
 
 fn queue_and_partition(query: &HashMap<String, String>) -> Result<(String, String), Failure> {
-    let queue = query.get("queue").cloned().unwrap_or_default();
-    api::validate_name("queue", &queue)?;
+    let queue = api::checked_name("queue", query.get("queue").cloned().unwrap_or_default())?;
     let partition = query.get("partition").cloned().unwrap_or_else(|| api::DEFAULT_PARTITION.to_owned());
-    api::validate_name("partition", &partition)?;
+    let partition = api::checked_name("partition", partition)?;
     Ok((queue, partition))
 }
 
@@ -431,7 +604,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 fn json_reply(status: StatusCode, value: &impl Serialize) -> Reply {
     let body = serde_json::to_vec(value).expect("a reply always serialises");
-    let mut reply = Response::new(Full::new(Bytes::from(body)));
+    let mut reply = Response::new(Bytes::from(body));
     *reply.status_mut() = status;
     reply.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     reply

@@ -177,12 +177,27 @@ impl Applied {
     }
 }
 
+/// The most bytes the results of one call may hold (as PostgreSQL's jsonb);
+/// past it the call is refused whole with SQLSTATE [`ANSWER_TOO_LARGE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnswerLimit(pub i64);
+
+impl AnswerLimit {
+    pub fn bytes(bytes: usize) -> AnswerLimit {
+        AnswerLimit(i64::try_from(bytes).unwrap_or(i64::MAX))
+    }
+}
+
+/// The SQLSTATE under which `stile.kv_apply` refuses an answer past its
+/// [`AnswerLimit`].
+pub const ANSWER_TOO_LARGE: &str = "SK002";
+
 /// Applies `ops` in the open transaction of `client`. The caller rolls back
 /// when [`Applied::failed`] is set.
-pub async fn apply_in(client: &impl GenericClient, ops: &[KvOp]) -> Result<Applied, DbError> {
+pub async fn apply_in(client: &impl GenericClient, ops: &[KvOp], limit: AnswerLimit) -> Result<Applied, DbError> {
     let json = serde_json::to_value(ops).expect("operations serialise");
-    let stmt = client.prepare_cached("SELECT stile.kv_apply($1::jsonb)").await?;
-    let row = client.query_one(&stmt, &[&json]).await?;
+    let stmt = client.prepare_cached("SELECT stile.kv_apply($1::jsonb, $2)").await?;
+    let row = client.query_one(&stmt, &[&json, &limit.0]).await?;
     applied(row.try_get(0)?, ops.len())
 }
 
@@ -192,11 +207,11 @@ const PRECONDITION_LOST: &str = "SK001";
 
 /// Applies `ops` as one statement: all of them, or, when a `required` one
 /// does not apply, none (the statement is aborted).
-pub async fn apply(db: &Db, ops: &[KvOp]) -> Result<Applied, DbError> {
+pub async fn apply(db: &Db, ops: &[KvOp], limit: AnswerLimit) -> Result<Applied, DbError> {
     let client = db.pool().get().await?;
     let json = serde_json::to_value(ops).expect("operations serialise");
-    let stmt = client.prepare_cached("SELECT stile.kv_apply_atomic($1::jsonb)").await?;
-    match client.query_one(&stmt, &[&json]).await {
+    let stmt = client.prepare_cached("SELECT stile.kv_apply_atomic($1::jsonb, $2)").await?;
+    match client.query_one(&stmt, &[&json, &limit.0]).await {
         Ok(row) => applied(row.try_get(0)?, ops.len()),
         Err(error) => match error.as_db_error() {
             Some(db) if db.code().code() == PRECONDITION_LOST => {
@@ -285,8 +300,12 @@ fn parse_op(context: OpsContext, at: &str, op: &Value) -> Result<KvOp, BadReques
         if text.len() > MAX_VALUE_BYTES {
             return Err(BadRequest::too_large(format!("{at}.value: {} bytes exceed the limit of {MAX_VALUE_BYTES}", text.len())));
         }
-        if text.contains("\\u0000") {
-            return Err(f.bad("value", "must not contain the character U+0000"));
+        crate::api::refuse_nul_in(format_args!("{at}.value"), value)?;
+        if let Some(number) = unreadable_number(value) {
+            return Err(f.bad(
+                "value",
+                &format!("the number {number} could not be read back once stored (too close to a double's limit)"),
+            ));
         }
         out.value = Some(value.clone());
     }
@@ -400,14 +419,34 @@ impl Fields<'_> {
         }
     }
 
+    /// A version or 0. Versions are PostgreSQL bigints, which cannot hold
+    /// one past `i64::MAX`: such a value is refused here rather than
+    /// failing the statement.
     fn expect(&self) -> Result<Option<u64>, BadRequest> {
         match self.fields.get("expect") {
             None => Ok(None),
-            Some(value) => value
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| self.bad("expect", "expected a version (an integer, 0 for \"must not exist\")")),
+            Some(value) => value.as_u64().filter(|&version| i64::try_from(version).is_ok()).map(Some).ok_or_else(|| {
+                self.bad("expect", &format!("expected a version (an integer from 0, for \"must not exist\", to {})", i64::MAX))
+            }),
         }
+    }
+}
+
+/// The first number in `value` that, once stored, could not be read back.
+/// jsonb prints a number in plain decimal notation (a double near its
+/// largest as 309 digits), which serde_json reads back with a rounding error
+/// of its own: within a few units of the largest double, past the largest,
+/// so that the write would commit and every answer holding the value fail.
+fn unreadable_number(value: &Value) -> Option<&serde_json::Number> {
+    match value {
+        // A double's `Display` is that same plain notation, from the same
+        // shortest digits that jsonb was given.
+        Value::Number(n) if n.is_f64() => {
+            n.as_f64().filter(|x| serde_json::from_str::<Value>(&x.to_string()).is_err()).map(|_| n)
+        }
+        Value::Array(items) => items.iter().find_map(unreadable_number),
+        Value::Object(fields) => fields.values().find_map(unreadable_number),
+        _ => None,
     }
 }
 
@@ -421,7 +460,7 @@ pub fn validate_key(field: impl std::fmt::Display, key: &str) -> Result<(), BadR
         return Err(BadRequest::new(format!("{field}: {} bytes exceed the limit of {MAX_KEY_BYTES}", key.len())));
     }
     if key.contains('\0') {
-        return Err(BadRequest::new(format!("{field}: must not contain the character U+0000")));
+        return Err(crate::api::nul_refused(field));
     }
     Ok(())
 }
@@ -464,6 +503,8 @@ mod tests {
             (json!([{"op": "frob", "ns": "o", "key": "k"}]), "operations[0].op: unknown operation"),
             (json!([{"op": "get", "ns": "o", "key": ""}]), "operations[0].key: must not be empty"),
             (json!([{"op": "check", "ns": "o", "key": "k"}]), "operations[0].expect: missing"),
+            (json!([{"op": "check", "ns": "o", "key": "k", "expect": 9_223_372_036_854_775_808u64}]), "operations[0].expect"),
+            (json!([{"op": "delete", "ns": "o", "key": "k", "expect": u64::MAX}]), "operations[0].expect"),
             (
                 json!([{"op": "putIfAbsent", "ns": "o", "key": "k", "value": 1, "forever": true, "expect": 3}]),
                 "operations[0].expect",
@@ -479,6 +520,18 @@ mod tests {
         for (body, expected) in cases {
             let error = batch(body.clone()).expect_err(&body.to_string());
             assert!(error.message.starts_with(expected), "{body}: {}", error.message);
+        }
+    }
+
+    #[test]
+    fn a_value_that_jsonb_would_print_beyond_a_double_is_refused() {
+        for edge in [f64::MAX, f64::MIN] {
+            let error =
+                batch(json!([{"op": "put", "ns": "o", "key": "k", "value": [{"x": edge}], "forever": true}])).unwrap_err();
+            assert!(error.message.starts_with("operations[0].value: the number"), "{}", error.message);
+        }
+        for fine in [1e308, -1e308, 5e-324, 1.5, 18_446_744_073_709_551_615u64 as f64] {
+            assert!(batch(json!([{"op": "put", "ns": "o", "key": "k", "value": fine, "forever": true}])).is_ok(), "{fine}");
         }
     }
 

@@ -14,6 +14,7 @@
 pub mod api;
 pub mod cache;
 pub mod component;
+pub mod conn;
 pub mod db;
 pub mod fusion;
 pub mod gateway;
@@ -22,6 +23,7 @@ pub mod http;
 pub mod intake;
 pub mod kv;
 pub mod metrics;
+pub mod openapi;
 pub mod payload;
 pub mod router;
 pub mod server;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use stile::cache::EngineKind;
+use stile::conn::ConnectionLimits;
 use stile::http::HttpConfig;
 use stile::server::{ServeConfig, serve};
 use stile::shard::WorkerConfig;
@@ -59,6 +60,31 @@ struct ServeArgs {
     /// Require `Authorization: Bearer <token>` on /api/*.
     #[arg(long, env = "STILE_BEARER_TOKEN")]
     bearer_token: Option<String>,
+    /// An origin (`https://app.example`) whose browser requests are served,
+    /// with CORS headers; repeat it, or give a comma-separated list; `*` for
+    /// any. Unset: a request whose `Origin` is not the gateway's own is
+    /// refused with 403.
+    #[arg(long = "cors-origin", env = "STILE_CORS_ORIGINS", value_delimiter = ',')]
+    cors_origins: Vec<String>,
+    /// Largest answer one read may return (messages, KV reads), in bytes;
+    /// past it a read answers 413, or a shorter page of messages.
+    #[arg(long, env = "STILE_ANSWER_LIMIT", default_value_t = HttpConfig::default().answer_limit)]
+    answer_limit: usize,
+    /// Seconds a connection may wait, between requests, for the next one's
+    /// first byte.
+    #[arg(long, env = "STILE_IDLE_TIMEOUT", default_value_t = ConnectionLimits::default().idle.as_secs_f64())]
+    idle_timeout: f64,
+    /// Seconds from a request's first byte to the end of its header.
+    #[arg(long, env = "STILE_HEADER_TIMEOUT", default_value_t = ConnectionLimits::default().header.as_secs_f64())]
+    header_timeout: f64,
+    /// Seconds a request's body may take to arrive (only the time spent
+    /// waiting for the client counts); past it, 408.
+    #[arg(long, env = "STILE_BODY_TIMEOUT", default_value_t = ConnectionLimits::default().body.as_secs_f64())]
+    body_timeout: f64,
+    /// Seconds a write of an answer may make no progress (a client that does
+    /// not read) before the connection is closed.
+    #[arg(long, env = "STILE_SEND_TIMEOUT", default_value_t = ConnectionLimits::default().send.as_secs_f64())]
+    send_timeout: f64,
     /// Connections in the PostgreSQL pool of reads, configures and partition
     /// lookups (each shard has a pool of its own for its bundles).
     #[arg(long, env = "STILE_POOL_SIZE", default_value_t = 16)]
@@ -96,7 +122,19 @@ fn main() -> std::process::ExitCode {
         shards: args.shards.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         cache_mb: args.cache_mb,
         engine: args.engine,
-        http: HttpConfig { body_limit: args.body_limit, max_items: args.max_items, bearer_token: args.bearer_token },
+        http: HttpConfig {
+            body_limit: args.body_limit,
+            max_items: args.max_items,
+            bearer_token: args.bearer_token,
+            cors_origins: args.cors_origins.into_iter().map(|o| o.trim().to_owned()).filter(|o| !o.is_empty()).collect(),
+            answer_limit: args.answer_limit,
+            limits: ConnectionLimits {
+                idle: seconds("--idle-timeout", args.idle_timeout),
+                header: seconds("--header-timeout", args.header_timeout),
+                body: seconds("--body-timeout", args.body_timeout),
+                send: seconds("--send-timeout", args.send_timeout),
+            },
+        },
         pool_size: args.pool_size,
         bundles_in_flight: args.bundles_in_flight,
         max_held_bytes: args.max_held_mb.unwrap_or((args.cache_mb / 4).max(64)).saturating_mul(1 << 20),
@@ -110,6 +148,18 @@ fn main() -> std::process::ExitCode {
         Err(error) => {
             eprintln!("stile: {error:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// A time limit given in seconds; one that is not a positive number of
+/// seconds ends the program with a message naming the flag.
+fn seconds(flag: &str, value: f64) -> Duration {
+    match Duration::try_from_secs_f64(value) {
+        Ok(limit) if !limit.is_zero() => limit,
+        _ => {
+            eprintln!("stile: {flag}: expected a positive number of seconds, got {value}");
+            std::process::exit(2);
         }
     }
 }

@@ -56,6 +56,7 @@ pub struct Metrics {
     clock_offset: Gauge<f64, AtomicU64>,
     clock_steps_back: Counter,
     vouches_refused: Counter,
+    bundles_split: Counter,
     held_request_bytes: Gauge,
     held_request_bytes_limit: Gauge,
     requests_waited_for_room: Counter,
@@ -86,6 +87,7 @@ impl Metrics {
             clock_offset: Gauge::default(),
             clock_steps_back: Counter::default(),
             vouches_refused: Counter::default(),
+            bundles_split: Counter::default(),
             held_request_bytes: Gauge::default(),
             held_request_bytes_limit: Gauge::default(),
             requests_waited_for_room: Counter::default(),
@@ -128,6 +130,11 @@ impl Metrics {
                 "vouches_refused",
                 "Segments whose cache vouch the push function refused, its clock being behind the time the cache judged age by",
                 metrics.vouches_refused.clone(),
+            );
+            r.register(
+                "bundles_split",
+                "Bundles PostgreSQL refused for a reason other than being unavailable, then pushed again one segment at a time",
+                metrics.bundles_split.clone(),
             );
             r.register(
                 "held_request_bytes",
@@ -238,6 +245,10 @@ impl Metrics {
 
     pub fn vouch_refused(&self) {
         self.vouches_refused.inc();
+    }
+
+    pub fn bundle_split(&self) {
+        self.bundles_split.inc();
     }
 
     /// The counter the intake counts its waiting requests in.

@@ -26,6 +26,7 @@ pub enum Endpoint {
     TimerCancel,
     Health,
     Metrics,
+    OpenApi,
 }
 
 /// Every route, in the order they are tried. A literal route comes before a
@@ -44,6 +45,7 @@ pub const ROUTES: &[Route] = &[
     Route::new(Method::GET, "/api/v1/timers/{queue}", Endpoint::TimersList),
     Route::new(Method::GET, "/api/v1/timers/{queue}/{*timerKey}", Endpoint::TimerPeek),
     Route::new(Method::DELETE, "/api/v1/timers/{queue}/{*timerKey}", Endpoint::TimerCancel),
+    Route::new(Method::GET, "/api/v1/openapi.json", Endpoint::OpenApi),
     Route::new(Method::GET, "/health", Endpoint::Health),
     Route::new(Method::GET, "/metrics", Endpoint::Metrics),
 ];

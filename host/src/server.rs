@@ -13,6 +13,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::cache::{EngineKind, ShardCache};
+use crate::conn::TimedIo;
 use crate::db::Db;
 use crate::gateway::Gateway;
 use crate::http::{App, HttpConfig};
@@ -150,9 +151,10 @@ async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Futur
                 };
                 let _ = stream.set_nodelay(true);
                 let app = app.clone();
-                let service = service_fn(move |request| crate::http::handle(app.clone(), request, peer));
+                let (io, phase) = TimedIo::new(stream, app.config.limits);
+                let service = service_fn(move |request| crate::http::handle(app.clone(), request, peer, phase.clone()));
                 let connection =
-                    http1::Builder::new().max_buf_size(READ_BUFFER_BYTES).serve_connection(TokioIo::new(stream), service);
+                    http1::Builder::new().max_buf_size(READ_BUFFER_BYTES).serve_connection(TokioIo::new(io), service);
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
                     if let Err(error) = connection.await {

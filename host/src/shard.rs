@@ -352,7 +352,8 @@ enum Done {
     Bundle {
         segments: Vec<InFlight>,
         clock_floor: ClockFloor,
-        result: Result<Vec<SegmentOutcome>, DbError>,
+        /// One per segment, in order.
+        results: Vec<Result<SegmentOutcome, PushFailure>>,
         sql: Duration,
         received: Instant,
     },
@@ -471,11 +472,12 @@ impl Worker {
         let PlannedBundle { segments, pushes, clock_floor } = self.plan(segments);
         let db = self.db.clone();
         self.bundles_in_flight += 1;
+        let metrics = self.metrics.clone();
         self.in_flight.push(Box::pin(async move {
             let started = Instant::now();
-            let result = db.push_bundle(clock_floor, &pushes).await;
+            let results = push_isolating(&db, &metrics, clock_floor, &pushes).await;
             let received = Instant::now();
-            Done::Bundle { segments, clock_floor, result, sql: received - started, received }
+            Done::Bundle { segments, clock_floor, results, sql: received - started, received }
         }));
     }
 
@@ -570,18 +572,21 @@ impl Worker {
 
     fn complete(&mut self, done: Done) {
         match done {
-            Done::Bundle { segments, clock_floor, result, sql, received } => {
+            Done::Bundle { segments, clock_floor, results, sql, received } => {
                 self.bundles_in_flight -= 1;
                 self.metrics.sql_call(sql);
-                match result {
-                    Ok(outcomes) => {
-                        if let Some(db_ms) = outcomes.iter().map(|o| o.clock_ms).max() {
-                            self.read_db_clock(DbReading { db_ms, received });
-                        }
-                        self.committed(segments, clock_floor, outcomes);
-                    }
-                    Err(error) => self.failed(segments, &error),
+                assert_eq!(segments.len(), results.len(), "every segment has a result");
+                if let Some(db_ms) = results.iter().flatten().map(|o| o.clock_ms).max() {
+                    self.read_db_clock(DbReading { db_ms, received });
                 }
+                let mut stored = Vec::with_capacity(segments.len());
+                for (segment, result) in segments.into_iter().zip(results) {
+                    match result {
+                        Ok(outcome) => stored.push((segment, outcome)),
+                        Err(failure) => self.failed(segment, failure),
+                    }
+                }
+                self.committed(stored, clock_floor);
             }
             Done::Hydration { partition_id, window_seconds, result, received } => {
                 if let Ok(rows) = &result {
@@ -592,12 +597,14 @@ impl Worker {
         }
     }
 
-    fn committed(&mut self, segments: Vec<InFlight>, clock_floor: ClockFloor, outcomes: Vec<SegmentOutcome>) {
-        assert_eq!(segments.len(), outcomes.len(), "the push function answers every segment");
+    fn committed(&mut self, stored: Vec<(InFlight, SegmentOutcome)>, clock_floor: ClockFloor) {
+        if stored.is_empty() {
+            return;
+        }
         let now = self.now();
         let mut commits: Vec<Committed> = Vec::new();
         let mut wants_hydration: Vec<WantsHydration> = Vec::new();
-        for (in_flight, outcome) in segments.into_iter().zip(outcomes) {
+        for (in_flight, outcome) in stored {
             let InFlight { partition_id, window_seconds: planned, state, p_verified, segment } = in_flight;
             self.metrics.segment(outcome.probe);
             if p_verified >= 0 && outcome.clock_ms < clock_floor.0 {
@@ -706,22 +713,15 @@ impl Worker {
         self.metrics.hydration(installed);
     }
 
-    fn failed(&mut self, segments: Vec<InFlight>, error: &DbError) {
-        let failure = if error.is_unavailable() {
-            PushFailure::Unavailable(error.to_string())
-        } else {
-            PushFailure::Database(error.to_string())
-        };
-        tracing::warn!(shard = self.id, error = %error, "bundle failed");
-        for in_flight in segments {
-            if let Some(partition) = self.partitions.get_mut(&in_flight.partition_id) {
-                partition.busy = false;
-            }
-            for slot in in_flight.segment.slots {
-                for waiter in slot.waiters {
-                    if let Some(request) = self.requests.remove(&waiter.request) {
-                        let _ = request.reply.send(Err(failure.clone()));
-                    }
+    /// Answers every request with a message in `in_flight` with `failure`.
+    fn failed(&mut self, in_flight: InFlight, failure: PushFailure) {
+        if let Some(partition) = self.partitions.get_mut(&in_flight.partition_id) {
+            partition.busy = false;
+        }
+        for slot in in_flight.segment.slots {
+            for waiter in slot.waiters {
+                if let Some(request) = self.requests.remove(&waiter.request) {
+                    let _ = request.reply.send(Err(failure.clone()));
                 }
             }
         }
@@ -803,6 +803,55 @@ impl Worker {
         self.metrics.publish_shard(self.id, &stats, self.cache.rebuilds());
         if stats.suppressed > 0 {
             warn_suppressed(now, self.id, stats.suppressed);
+        }
+    }
+}
+
+/// Pushes a bundle and answers each of its segments, in order.
+///
+/// When PostgreSQL refuses the bundle for a reason that may belong to one
+/// segment (anything but the database being unavailable), each segment is
+/// pushed again on its own, in order, so that a message PostgreSQL cannot
+/// take fails its own segment's requests and no other. The refused bundle
+/// wrote nothing (it was one transaction), and a segment pushed alone keeps
+/// its plan: a later segment of a partition is probed above `p_verified`,
+/// which covers whatever an earlier one stored or did not.
+async fn push_isolating(
+    db: &Db,
+    metrics: &Metrics,
+    clock_floor: ClockFloor,
+    pushes: &[SegmentPush],
+) -> Vec<Result<SegmentOutcome, PushFailure>> {
+    let error = match db.push_bundle(clock_floor, pushes).await {
+        Ok(outcomes) => return outcomes.into_iter().map(Ok).collect(),
+        Err(error) => error,
+    };
+    if error.is_unavailable() || pushes.len() == 1 {
+        tracing::warn!(error = %error, segments = pushes.len(), "bundle failed");
+        return vec![Err(PushFailure::from(&error)); pushes.len()];
+    }
+    tracing::warn!(error = %error, segments = pushes.len(), "bundle refused; pushing its segments one by one");
+    metrics.bundle_split();
+    let mut results = Vec::with_capacity(pushes.len());
+    for push in pushes {
+        let result = match db.push_bundle(clock_floor, std::slice::from_ref(push)).await {
+            Ok(mut outcomes) => Ok(outcomes.pop().expect("the push function answers its one segment")),
+            Err(error) => {
+                tracing::warn!(error = %error, partition_id = push.partition_id, "segment refused");
+                Err(PushFailure::from(&error))
+            }
+        };
+        results.push(result);
+    }
+    results
+}
+
+impl From<&DbError> for PushFailure {
+    fn from(error: &DbError) -> PushFailure {
+        if error.is_unavailable() {
+            PushFailure::Unavailable(error.to_string())
+        } else {
+            PushFailure::Database(error.to_string())
         }
     }
 }

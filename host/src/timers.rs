@@ -98,11 +98,14 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<TimerOp>, BadRequest> {
 
 /// A cancel of the timer a path names.
 pub fn cancel_op(queue: &str, timer_key: &str, txn: Option<String>) -> Result<TimerOp, BadRequest> {
-    api::validate_name("queue", queue)?;
+    let queue = api::checked_name("queue", queue.to_owned())?;
     kv::validate_key("timerKey", timer_key)?;
+    if let Some(txn) = &txn {
+        api::validate_transaction_id("txn", txn)?;
+    }
     Ok(TimerOp {
         op: TimerOpKind::Cancel,
-        queue: queue.to_owned(),
+        queue,
         timer_key: timer_key.to_owned(),
         partition: None,
         txn,
@@ -251,7 +254,7 @@ fn parse_op(at: &str, op: &Value) -> Result<TimerOp, BadRequest> {
         None => return Err(bad("op", "missing")),
     };
     let queue = string("queue")?.ok_or_else(|| bad("queue", "missing"))?;
-    api::validate_name(format_args!("{at}.queue"), &queue)?;
+    let queue = api::checked_name(format_args!("{at}.queue"), queue)?;
     let timer_key = string("timerKey")?.ok_or_else(|| bad("timerKey", "missing"))?;
     kv::validate_key(format_args!("{at}.timerKey"), &timer_key)?;
     let txn = string("txn")?;
@@ -266,7 +269,7 @@ fn parse_op(at: &str, op: &Value) -> Result<TimerOp, BadRequest> {
         return Err(bad("payloadZstd", "compressed timer payloads are not supported; send the payload uncompressed"));
     }
     let partition = string("partition")?.unwrap_or_else(|| api::DEFAULT_PARTITION.to_owned());
-    api::validate_name(format_args!("{at}.partition"), &partition)?;
+    let partition = api::checked_name(format_args!("{at}.partition"), partition)?;
     let delay_ms = match fields.get("delayMs") {
         Some(Value::Number(n)) => n.as_i64().ok_or_else(|| bad("delayMs", "expected an integer number of milliseconds"))?,
         Some(other) => return Err(bad("delayMs", &format!("expected an integer, got {}", type_name(other)))),
@@ -274,6 +277,11 @@ fn parse_op(at: &str, op: &Value) -> Result<TimerOp, BadRequest> {
     };
     if delay_ms > HORIZON_MS {
         return Err(bad("delayMs", "exceeds the 90-day horizon (timer_horizon_exceeded)"));
+    }
+    // A delay in the past means "due now"; one further back than the
+    // horizon is a mistake, and would leave PostgreSQL's timestamp range.
+    if delay_ms < -HORIZON_MS {
+        return Err(bad("delayMs", "is more than the 90-day horizon in the past"));
     }
     let payload = string("payload")?.ok_or_else(|| bad("payload", "missing (base64 of the message's JSON)"))?;
     out.payload = Some(decode_payload(&payload).map_err(|what| bad("payload", &what))?);
@@ -299,6 +307,9 @@ fn decode_payload(base64_text: &str) -> Result<String, String> {
 /// A list page's query: `after` and `limit` (1 to 1000, 100 by default).
 pub fn page_query(query: &HashMap<String, String>) -> Result<(Option<String>, i32), BadRequest> {
     let after = query.get("after").filter(|a| !a.is_empty()).cloned();
+    if let Some(after) = &after {
+        kv::validate_key("after", after)?;
+    }
     let limit = match query.get("limit") {
         None => 100,
         Some(raw) => match raw.parse::<i32>() {

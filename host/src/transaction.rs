@@ -86,7 +86,7 @@ pub fn parse(body: &[u8], max_items: usize) -> Result<TransactionRequest, BadReq
 
 /// Runs a transaction and answers its body (always 200: a rolled-back
 /// transaction is a verdict, not an error).
-pub async fn run(gateway: &Gateway, request: TransactionRequest) -> Result<Value, DbError> {
+pub async fn run(gateway: &Gateway, request: TransactionRequest, kv_limit: kv::AnswerLimit) -> Result<Value, DbError> {
     let transaction_id = Uuid::now_v7();
     let pushes: Vec<TransactionalPush> = request.pushes.into_iter().map(transactional).collect();
     let push_count = pushes.len();
@@ -108,7 +108,7 @@ pub async fn run(gateway: &Gateway, request: TransactionRequest) -> Result<Value
             "results": [],
         }));
     }
-    let applied = if request.kv.is_empty() { None } else { Some(kv::apply_in(&tx, &request.kv).await?) };
+    let applied = if request.kv.is_empty() { None } else { Some(kv::apply_in(&tx, &request.kv, kv_limit).await?) };
     if let Some(failed) = applied.as_ref().and_then(|a| a.failed) {
         tx.rollback().await?;
         gateway.metrics().transaction("kv_precondition");

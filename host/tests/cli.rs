@@ -69,8 +69,26 @@ fn an_unreachable_database_at_start_is_one_line_naming_it_without_the_password()
 }
 
 #[test]
+fn a_connection_string_that_does_not_parse_is_not_printed() {
+    for url in [
+        "postgresql://stile:hunter2@127.0.0.1/nowhere?sslmode=bogus",
+        "postgresql://stile@127.0.0.1/nowhere?password=hunter2&sslmode=bogus",
+        "host=127.0.0.1 user=stile password = hunter2 sslmode=bogus",
+        "host=127.0.0.1 password='hunter2 and more' sslmode=bogus",
+    ] {
+        let output = run_stile(&["serve", "--listen", "127.0.0.1:0", "--database-url", url], Duration::from_secs(30));
+        let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(!output.status.success(), "{url}: exit status {}", output.status);
+        assert!(!stderr.contains("hunter2") && !stdout.contains("hunter2"), "{url}: the password leaked:\n{stderr}\n{stdout}");
+        assert!(stderr.contains("does not parse"), "{url}: {stderr}");
+    }
+}
+
+#[test]
 fn a_bad_flag_value_names_the_flag_and_exits_non_zero() {
     for (args, flag) in [
+        (&["serve", "--idle-timeout", "-1"][..], "--idle-timeout"),
+        (&["serve", "--body-timeout", "0"][..], "--body-timeout"),
         (&["serve", "--engine", "jit"][..], "--engine"),
         (&["serve", "--shards", "many"][..], "--shards"),
         (&["serve", "--cache-mb", "lots"][..], "--cache-mb"),

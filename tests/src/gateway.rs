@@ -60,13 +60,9 @@ pub fn stile_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("STILE_BIN").filter(|p| !p.is_empty()) {
         return PathBuf::from(path);
     }
-    let exe = std::env::current_exe().expect("the path of the running executable");
-    let mut dir = exe.parent().expect("an executable lives in a directory").to_path_buf();
-    if dir.file_name().is_some_and(|name| name == "deps") {
-        dir.pop();
-    }
-    let binary = dir.join(format!("stile{}", std::env::consts::EXE_SUFFIX));
+    let binary = beside_this_program("stile");
     if !binary.is_file() {
+        let dir = binary.parent().expect("a binary lives in a directory");
         let profile = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let flag = if profile == "release" { " --release".to_owned() } else { format!(" --profile {profile}") };
         panic!(
@@ -83,6 +79,17 @@ pub fn stile_binary() -> PathBuf {
         );
     }
     binary
+}
+
+/// The program `name` of the cargo profile directory the running executable
+/// belongs to (`target/<profile>/`, also for a test in `target/<profile>/deps`).
+pub fn beside_this_program(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the path of the running executable");
+    let mut dir = exe.parent().expect("an executable lives in a directory").to_path_buf();
+    if dir.file_name().is_some_and(|name| name == "deps") {
+        dir.pop();
+    }
+    dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }
 
 /// A source file newer than `binary`, by the dependency list cargo wrote
@@ -370,6 +377,8 @@ pub struct GatewayOptions {
     pub inject_instance_refusals: bool,
     /// `--max-held-mb`: the bound on what requests in progress hold.
     pub max_held_mb: Option<u64>,
+    /// Further flags, as given (`["--body-timeout", "2"]`).
+    pub extra_args: Vec<String>,
 }
 
 impl GatewayOptions {
@@ -409,6 +418,7 @@ impl GatewayOptions {
         if self.inject_instance_refusals {
             args.push("--inject-instance-refusals".to_owned());
         }
+        args.extend(self.extra_args.iter().cloned());
         args
     }
 }
@@ -481,6 +491,7 @@ pub fn listening_addr(line: &str) -> Option<SocketAddr> {
 pub struct Reply {
     pub status: u16,
     pub content_type: Option<String>,
+    pub headers: hyper::HeaderMap,
     pub body: Bytes,
 }
 
@@ -631,8 +642,9 @@ impl Client {
         let response = self.sender.send_request(request).await.context("send the request")?;
         let status = response.status().as_u16();
         let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let headers = response.headers().clone();
         let body = response.into_body().collect().await.context("read the response body")?.to_bytes();
-        Ok(Reply { status, content_type, body })
+        Ok(Reply { status, content_type, headers, body })
     }
 
     /// `GET path`; panics on a transport error.

@@ -2,7 +2,9 @@
 //! what a duplicate leaves behind (nothing), and where its neighbours go.
 
 use serde_json::{Map, json};
-use stile::db::{ClockFloor, ConfigureMode, Duplicate, MessageOutcome, ProbeMode, SegmentOutcome, SegmentPush};
+use stile::db::{
+    ClockFloor, ConfigureMode, DbError, Duplicate, MessageOutcome, PageBound, ProbeMode, SegmentOutcome, SegmentPush,
+};
 use stile::payload::Payload;
 use stile_tests::pg::{TestDb, partition_state, segment};
 use tokio_postgres::types::Json;
@@ -646,6 +648,30 @@ async fn malformed_bundles_are_refused_whole() {
     assert_eq!(n, 1);
 }
 
+/// At most `messages` messages, and no bound on their bytes that a test's
+/// messages reach.
+fn bound(messages: i64) -> PageBound {
+    PageBound { messages, bytes: 1 << 20 }
+}
+
+#[tokio::test]
+async fn a_read_ends_its_page_at_its_bound_of_bytes_and_refuses_a_message_above_it() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "b", "c", "d"], -1, 3600)]).await.unwrap();
+    let all = t.db.read_messages("q", "p", 0, bound(10)).await.unwrap();
+    assert_eq!((all.messages.len(), all.truncated), (4, false));
+    let one = all.messages[0].answer_bytes();
+    let two_and_a_half = PageBound { messages: 10, bytes: one * 5 / 2 };
+    let page = t.db.read_messages("q", "p", 0, two_and_a_half).await.unwrap();
+    assert_eq!((page.messages.len(), page.truncated), (2, true));
+    let next = t.db.read_messages("q", "p", 2, two_and_a_half).await.unwrap();
+    assert_eq!(next.messages.iter().map(|m| m.offset).collect::<Vec<_>>(), [2, 3]);
+    let below_one = PageBound { messages: 10, bytes: one - 1 };
+    let refused = t.db.read_messages("q", "p", 0, below_one).await.unwrap_err();
+    assert!(matches!(&refused, DbError::TooLarge(message) if message.contains("offset 0")), "{refused}");
+}
+
 #[tokio::test]
 async fn reads_return_what_was_pushed() {
     let t = TestDb::new().await;
@@ -656,7 +682,7 @@ async fn reads_return_what_was_pushed() {
     let out = t.db.push_bundle(ClockFloor::EPOCH, &[s0, s1]).await.unwrap();
     let created_ms = out[0].stored.expect("stored").created_ms;
 
-    let all = t.db.read_messages("q", "p", 0, 100).await.unwrap();
+    let all = t.db.read_messages("q", "p", 0, bound(100)).await.unwrap().messages;
     assert_eq!(all.len(), 5);
     for (i, m) in all.iter().enumerate() {
         assert_eq!(m.offset, i as i64);
@@ -665,10 +691,10 @@ async fn reads_return_what_was_pushed() {
     }
     assert_eq!(all[0].created_ms, created_ms);
     assert_eq!(all[4].transaction_id, "e");
-    let page = t.db.read_messages("q", "p", 2, 2).await.unwrap();
+    let page = t.db.read_messages("q", "p", 2, bound(2)).await.unwrap().messages;
     assert_eq!(page.iter().map(|m| (m.offset, m.transaction_id.as_str())).collect::<Vec<_>>(), vec![(2, "c"), (3, "d")]);
-    assert!(t.db.read_messages("q", "p", 5, 10).await.unwrap().is_empty());
-    assert!(t.db.read_messages("q", "nope", 0, 10).await.unwrap().is_empty());
+    assert!(t.db.read_messages("q", "p", 5, bound(10)).await.unwrap().messages.is_empty());
+    assert!(t.db.read_messages("q", "nope", 0, bound(10)).await.unwrap().messages.is_empty());
 
     // The same log through the plain-SQL view, beside another partition's.
     let other = t.db.resolve_partition("q", "other").await.unwrap();
@@ -853,7 +879,7 @@ async fn retention_purges_segments_and_txns_outside_the_window() {
     assert_eq!(partition_state(&c, kept.id).await, (3, 0, 3, 3));
     // Segments older than 60 s are gone; txns only outside the 600 s window.
     assert_eq!(partition_state(&c, p.id).await, (3, 3, 0, 1));
-    assert!(t.db.read_messages("short", "p", 0, 10).await.unwrap().is_empty());
+    assert!(t.db.read_messages("short", "p", 0, bound(10)).await.unwrap().messages.is_empty());
 
     // "d" is still a duplicate (its hash is inside the window), but its
     // message is gone: the original's id is unknown.

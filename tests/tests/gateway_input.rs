@@ -91,6 +91,11 @@ fn bad_cases() -> Vec<Case> {
             json!({"queue": "bad-t", "transactionId": "t".repeat(65_536)}),
             "items[0].transactionId: 65536 bytes",
         ),
+        push_item(
+            "transactionId with U+0000",
+            json!({"queue": "bad-t", "transactionId": "order\u{0}1"}),
+            "items[0].transactionId: must not contain the character U+0000",
+        ),
         // One bad item refuses the whole request, good items before it too.
         push(
             "a bad item after good ones",
@@ -122,6 +127,46 @@ fn bad_cases() -> Vec<Case> {
         configure("queue with a control character", json!({"queue": "bad\u{1}cfg"}), "queue: must not contain"),
         configure("options not an object", json!({"queue": "bad-cfg", "options": [1]}), "options: expected an object"),
         configure("an unknown mode", json!({"queue": "bad-cfg", "mode": "upsert"}), "mode"),
+        configure("a namespace with U+0000", json!({"queue": "bad-cfg", "namespace": "n\u{0}"}), "options.namespace: must not contain"),
+        configure("a queue with U+0000", json!({"queue": "bad\u{0}cfg"}), "queue: must not contain"),
+        // Timers and KV.
+        case(
+            "a timer's txn with U+0000",
+            "/api/v1/timers",
+            json!({"operations": [{"op": "schedule", "queue": "bad-timer", "timerKey": "k", "delayMs": 1,
+                                    "txn": "t\u{0}", "payload": "MQ=="}]})
+            .to_string(),
+            400,
+            "operations[0].txn: must not contain",
+        ),
+        case(
+            "a timer's delay far in the past",
+            "/api/v1/timers",
+            json!({"operations": [{"op": "schedule", "queue": "bad-timer", "timerKey": "k", "delayMs": -1e15,
+                                    "payload": "MQ=="}]})
+            .to_string(),
+            400,
+            "operations[0].delayMs",
+        ),
+        case(
+            "a timer's integer delay far in the past",
+            "/api/v1/timers",
+            json!({"operations": [{"op": "schedule", "queue": "bad-timer", "timerKey": "k", "delayMs": -1_000_000_000_000_000i64,
+                                    "payload": "MQ=="}]})
+            .to_string(),
+            400,
+            "operations[0].delayMs: is more than",
+        ),
+        case(
+            "a KV value with U+0000 in a key of an object",
+            "/api/v1/kv",
+            json!({"operations": [{"op": "put", "ns": "n", "key": "k", "value": {"a\u{0}": 1}, "forever": true}]}).to_string(),
+            400,
+            "operations[0].value: must not contain",
+        ),
+        get("a timer peek with U+0000 in its key", "/api/v1/timers/q/k%00", 400, "timerKey: must not contain"),
+        get("a timer list with U+0000 in after", "/api/v1/timers/q?after=a%00", 400, "after: must not contain"),
+        Case { method: Method::DELETE, ..get("a timer cancel's txn with U+0000", "/api/v1/timers/q/k?txn=a%00", 400, "txn: must not") },
         case("configure with malformed JSON", "/api/v1/configure", r#"{"queue":"bad-cfg","#, 400, "body"),
         // Reads.
         get("messages without a queue", "/api/v1/messages?partition=p", 400, "queue: must not be empty"),
@@ -130,6 +175,13 @@ fn bad_cases() -> Vec<Case> {
         get("messages with an over-long partition", &format!("/api/v1/messages?queue=q&partition={long_name}"), 400, "partition"),
         get("lookup without a transactionId", "/api/v1/messages/by-transaction-id?queue=q&partition=p", 400, "transactionId"),
         get("lookup of an unknown transactionId", "/api/v1/messages/by-transaction-id?queue=q&transactionId=x", 404, "transactionId"),
+        get(
+            "lookup of a transactionId with U+0000",
+            "/api/v1/messages/by-transaction-id?queue=q&transactionId=a%00b",
+            400,
+            "transactionId: must not contain",
+        ),
+        get("messages of a queue with U+0000", "/api/v1/messages?queue=q%00", 400, "queue: must not contain"),
         // Routes.
         get("GET on the push route", "/api/v1/push", 405, "GET"),
         get("an unknown route", "/api/v2/push", 404, "no route"),

@@ -220,7 +220,7 @@ async fn pass(args: &Args, sync: Switch) -> (Pass, String) {
             let begun = Instant::now();
             let mut transports = Vec::with_capacity(FILL_CONNECTIONS);
             for _ in 0..FILL_CONNECTIONS {
-                transports.push(running.transport(args.partitions).await);
+                transports.push(running.transport().await);
             }
             let tally = workload::fill(transports, &format!("fill{level}"), args.partitions, per_partition, FILL_BATCH).await;
             eprintln!(
@@ -343,7 +343,7 @@ impl Pass {
 async fn measure(running: &Running, args: &Args, slice: Slice, size: u32, label: &str) -> (Figures, Tally) {
     let mut transports: Vec<Transport> = Vec::with_capacity(args.conns);
     for _ in 0..args.conns {
-        transports.push(running.transport(args.partitions).await);
+        transports.push(running.transport().await);
     }
     let measure_from = Instant::now() + slice.warmup;
     let end = measure_from + slice.measured;

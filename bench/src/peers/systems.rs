@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::{StreamExt as _, pin_mut};
 use stile::db::config_to_url;
-use stile_tests::gateway::{Client, Gateway, GatewayOptions, Process, listening_addr};
+use stile_tests::gateway::{Client, Gateway, GatewayOptions, Process, beside_this_program, listening_addr};
 use stile_tests::pg::TestDb;
 
 use super::jetstream::JetStream;
@@ -82,6 +82,8 @@ impl System {
 #[derive(Debug)]
 pub struct Running {
     pub system: System,
+    /// Partitions (subjects) its connections spread their requests over.
+    partitions: usize,
     kind: Kind,
 }
 
@@ -123,11 +125,11 @@ impl Running {
             System::Nats2m => Kind::Nats(JetStream::start("peers2m", Duration::from_secs(120)).await),
             System::Nats1h => Kind::Nats(JetStream::start("peers1h", config.window).await),
         };
-        Running { system, kind }
+        Running { system, partitions: config.partitions, kind }
     }
 
     /// A connection of its own.
-    pub async fn transport(&self, partitions: usize) -> Transport {
+    pub async fn transport(&self) -> Transport {
         match &self.kind {
             Kind::Stile(gateway) => Transport::Http { client: gateway.client().await, queue: Arc::from(self.system.queue()) },
             Kind::Endpoint { addr, .. } => Transport::Http {
@@ -135,7 +137,7 @@ impl Running {
                 queue: Arc::from(self.system.queue()),
             },
             Kind::Nats(js) => {
-                Transport::Nats { context: js.context().await, subjects: (0..partitions).map(|p| js.subject(p)).collect() }
+                Transport::Nats { context: js.context().await, subjects: (0..self.partitions).map(|p| js.subject(p)).collect() }
             }
         }
     }
@@ -188,23 +190,12 @@ fn pid(process: &Process) -> i32 {
     i32::try_from(process.pid()).expect("a pid fits i32")
 }
 
-/// The `peer_endpoint` program beside this one (or beside the directory
-/// of a test executable, `target/<profile>/deps`).
-fn endpoint_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("the running executable");
-    let mut dir = exe.parent().expect("an executable lives in a directory").to_path_buf();
-    if dir.file_name().is_some_and(|name| name == "deps") {
-        dir.pop();
-    }
-    dir.join(format!("peer_endpoint{}", std::env::consts::EXE_SUFFIX))
-}
-
 async fn start_endpoint(design: Design, t: &TestDb, config: &StartConfig, redis: Option<(Process, String)>) -> Kind {
     let pg = t.client().await;
     pg.batch_execute(&design.ddl()).await.expect("create the peer's table");
     let mut named = t.config().clone();
     named.application_name(format!("peer-{}", design.schema()));
-    let mut command = Command::new(endpoint_binary());
+    let mut command = Command::new(beside_this_program("peer_endpoint"));
     command
         .args(["--design", if design == Design::Postgres { "postgres" } else { "redis-postgres" }])
         .args(["--database-url", &config_to_url(&named, true)])

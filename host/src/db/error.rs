@@ -34,6 +34,9 @@ pub enum DbError {
     /// A partition id or name the database does not know.
     #[error("not found: {0}")]
     NotFound(String),
+    /// An answer would be larger than the caller allows.
+    #[error("{0}")]
+    TooLarge(String),
     /// The database answered in a shape this layer does not expect.
     #[error("unexpected answer from the database: {0}")]
     Protocol(String),
@@ -177,6 +180,7 @@ impl DbError {
             DbError::Config(_) => "config",
             DbError::Invalid(_) => "invalid",
             DbError::NotFound(_) => "not_found",
+            DbError::TooLarge(_) => "too_large",
             DbError::Protocol(_) => "protocol",
         }
     }

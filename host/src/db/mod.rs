@@ -217,6 +217,25 @@ pub enum ConfigureMode {
     Replace,
 }
 
+/// How much one read of messages may return.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageBound {
+    /// The most messages.
+    pub messages: i64,
+    /// The most bytes of answer, as [`StoredMessage::answer_bytes`] counts
+    /// them; the page ends before the message that would cross it.
+    pub bytes: usize,
+}
+
+/// A page of a partition's messages, in offset order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MessagePage {
+    pub messages: Vec<StoredMessage>,
+    /// The page ended early, at its bound of bytes: more messages may follow
+    /// the last one.
+    pub truncated: bool,
+}
+
 /// A stored message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredMessage {
@@ -423,9 +442,9 @@ impl Db {
         queue: &str,
         partition: &str,
         from_offset: i64,
-        limit: i64,
-    ) -> Result<Vec<StoredMessage>, DbError> {
-        let limit = i32::try_from(limit.max(0)).unwrap_or(i32::MAX);
+        bound: PageBound,
+    ) -> Result<MessagePage, DbError> {
+        let limit = i32::try_from(bound.messages.max(0)).unwrap_or(i32::MAX);
         let client = self.pool.get().await?;
         let stmt = client
             .prepare_cached(
@@ -433,8 +452,29 @@ impl Db {
                  FROM stile.read_messages($1, $2, $3, $4)",
             )
             .await?;
-        let rows = client.query(&stmt, &[&queue, &partition, &from_offset, &limit]).await?;
-        rows.iter().map(stored_message).collect()
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&queue, &partition, &from_offset, &limit];
+        let rows = client.query_raw(&stmt, params).await?;
+        futures::pin_mut!(rows);
+        let mut page = MessagePage::default();
+        let mut bytes = 0usize;
+        while let Some(row) = futures::StreamExt::next(&mut rows).await {
+            let message = stored_message(&row?)?;
+            bytes += message.answer_bytes();
+            if bytes > bound.bytes {
+                if page.messages.is_empty() {
+                    return Err(DbError::TooLarge(format!(
+                        "the message at offset {} is {} bytes, more than the answer limit of {} bytes",
+                        message.offset,
+                        message.answer_bytes(),
+                        bound.bytes
+                    )));
+                }
+                page.truncated = true;
+                break;
+            }
+            page.messages.push(message);
+        }
+        Ok(page)
     }
 
     /// The newest stored message of a partition with this transactionId
@@ -512,6 +552,15 @@ impl Db {
             report.txns_deleted += row.try_get::<_, i64>(1)? as u64;
         }
         Ok(report)
+    }
+}
+
+impl StoredMessage {
+    /// About what the message takes in an answer: its payload and
+    /// transactionId as stored, and its other fields.
+    pub fn answer_bytes(&self) -> usize {
+        const FIELDS_BYTES: usize = 128;
+        self.payload.get().len() + self.transaction_id.len() * 6 + FIELDS_BYTES
     }
 }
 
