@@ -263,7 +263,7 @@ mod tests {
         let (mut io, phase) = TimedIo::new(server, limits());
         client.write_all(b"x").await.unwrap();
         let mut buf = [0u8; 8];
-        io.read(&mut buf).await.unwrap();
+        assert_eq!(io.read(&mut buf).await.unwrap(), 1);
         phase.serving();
         let read = tokio::time::timeout(Duration::from_secs(3600), io.read(&mut buf)).await;
         assert!(read.is_err(), "a served request's reads wait as long as the handler lets them");

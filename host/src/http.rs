@@ -101,7 +101,7 @@ pub async fn handle(
     phase.serving();
     let origin = match browser_origin(&app.config, &request) {
         Ok(origin) => origin,
-        Err(refused) => return Ok(answer(&app, refused, Held::default(), &phase)),
+        Err(refused) => return Ok(answer(&app, refused.into_response(), Held::default(), &phase)),
     };
     let mut held = Held::default();
     let mut reply = route(&app, request, &mut held).await;
@@ -532,7 +532,7 @@ fn concat(mut chunks: Vec<Bytes>, total: usize) -> Bytes {
 /// POST, and a page on any site may send one (a form, or `fetch` with
 /// `text/plain`) without asking first; without this check, any page a user
 /// of the gateway opens could write to it.
-fn browser_origin(config: &HttpConfig, request: &Request<Incoming>) -> Result<Option<HeaderValue>, Reply> {
+fn browser_origin(config: &HttpConfig, request: &Request<Incoming>) -> Result<Option<HeaderValue>, Failure> {
     let Some(origin) = request.headers().get(ORIGIN) else { return Ok(None) };
     let host = request.headers().get(HOST).and_then(|h| h.to_str().ok());
     let text = origin.to_str().unwrap_or("");
@@ -546,9 +546,9 @@ fn browser_origin(config: &HttpConfig, request: &Request<Incoming>) -> Result<Op
     if config.cors_origins.iter().any(|allowed| allowed == "*" || allowed.eq_ignore_ascii_case(text)) {
         return Ok(Some(origin.clone()));
     }
-    Err(error(
+    Err(Failure::Status(
         StatusCode::FORBIDDEN,
-        &format!("origin: requests from {text:?} are refused (a browser on another site); allow it with --cors-origin"),
+        format!("origin: requests from {text:?} are refused (a browser on another site); allow it with --cors-origin"),
     ))
 }
 
