@@ -72,18 +72,18 @@ struct ServeArgs {
     answer_limit: usize,
     /// Seconds a connection may wait, between requests, for the next one's
     /// first byte.
-    #[arg(long, env = "STILE_IDLE_TIMEOUT", default_value_t = ConnectionLimits::default().idle.as_secs_f64())]
+    #[arg(long, env = "STILE_IDLE_TIMEOUT", allow_negative_numbers = true, default_value_t = ConnectionLimits::default().idle.as_secs_f64())]
     idle_timeout: f64,
     /// Seconds from a request's first byte to the end of its header.
-    #[arg(long, env = "STILE_HEADER_TIMEOUT", default_value_t = ConnectionLimits::default().header.as_secs_f64())]
+    #[arg(long, env = "STILE_HEADER_TIMEOUT", allow_negative_numbers = true, default_value_t = ConnectionLimits::default().header.as_secs_f64())]
     header_timeout: f64,
     /// Seconds a request's body may take to arrive (only the time spent
     /// waiting for the client counts); past it, 408.
-    #[arg(long, env = "STILE_BODY_TIMEOUT", default_value_t = ConnectionLimits::default().body.as_secs_f64())]
+    #[arg(long, env = "STILE_BODY_TIMEOUT", allow_negative_numbers = true, default_value_t = ConnectionLimits::default().body.as_secs_f64())]
     body_timeout: f64,
     /// Seconds a write of an answer may make no progress (a client that does
     /// not read) before the connection is closed.
-    #[arg(long, env = "STILE_SEND_TIMEOUT", default_value_t = ConnectionLimits::default().send.as_secs_f64())]
+    #[arg(long, env = "STILE_SEND_TIMEOUT", allow_negative_numbers = true, default_value_t = ConnectionLimits::default().send.as_secs_f64())]
     send_timeout: f64,
     /// Connections in the PostgreSQL pool of reads, configures and partition
     /// lookups (each shard has a pool of its own for its bundles).
