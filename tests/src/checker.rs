@@ -88,10 +88,12 @@ use uuid::Uuid;
 use crate::gateway::{Client, each_line, stile_binary};
 
 mod checks;
+mod db_faults;
 mod faults;
 mod nodes;
 mod replicated;
 mod scrape;
+mod servers;
 mod steps;
 mod truth;
 mod vitals;
@@ -99,6 +101,10 @@ mod workload;
 
 pub use crate::clock::ClockSkew;
 use checks::*;
+pub use db_faults::{
+    CommittedFlow, DbFaultReport, LatencyFault, LockFlow, LossFault, PROBE_PATIENCE, ProbeCount, ProbeFlow, Spell,
+};
+use db_faults::{DbRig, InForce};
 use faults::*;
 use nodes::*;
 use replicated::*;
@@ -160,6 +166,9 @@ pub struct Config {
     /// Producers of transactions and timers (see `checker/steps.rs`), beside
     /// the push producers.
     pub steps_producers: usize,
+    /// Single-item pushes a second, sent open-loop round robin over every
+    /// partition (see `workload::probe`); 0 for none.
+    pub probe_rate: f64,
 }
 
 impl Config {
@@ -187,6 +196,7 @@ impl Config {
             queue: "checker".to_owned(),
             long_window_seconds: 3600,
             steps_producers: 1,
+            probe_rate: 0.0,
         }
     }
 }
@@ -251,6 +261,30 @@ pub struct Faults {
     /// the primary immediately and promote the standby. PostgreSQL restarts
     /// cannot be asked for with it: they restart the shared cluster.
     pub failover_at: Option<Duration>,
+    /// Between the gateways and PostgreSQL, through a fault proxy of the
+    /// checker's own (`crate::proxy`): every chunk delayed, with jitter.
+    pub latency: Option<LatencyFault>,
+    /// Through the proxy: a share of the chunks lost and retransmitted.
+    pub packet_loss: Option<LossFault>,
+    /// Through the proxy: nothing forwarded, connections kept open.
+    pub network_partition: Option<Spell>,
+    /// Through the proxy: every open connection reset right after its next
+    /// request reached PostgreSQL (mid-bundle), at these offsets.
+    pub resets_at: Vec<Duration>,
+    /// Another client holds every free connection of PostgreSQL, after
+    /// terminating the gateways' own. Runs the gateways on a server of the
+    /// checker's own.
+    pub connections_taken: Option<Spell>,
+    /// Another transaction holds the row lock of the partition written most
+    /// in the last two seconds.
+    pub row_lock: Option<Spell>,
+    /// Another transaction holds `stile.segments` in SHARE mode (as a
+    /// `CREATE INDEX` does): every push waits.
+    pub table_lock: Option<Spell>,
+    /// PostgreSQL's filesystem (data and WAL) full: the gateways run on a
+    /// server of the checker's own on a tmpfs (which takes root), filled with
+    /// ballast for the spell.
+    pub disk_full: Option<Spell>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -494,6 +528,11 @@ pub struct Report {
     pub attempt_latency: Latency,
     /// What the transactions and timers did, when they ran.
     pub steps: Option<StepsReport>,
+    /// How the gateways fared through each fault between them and
+    /// PostgreSQL (or in it), in the order they happened.
+    pub db_faults: Vec<DbFaultReport>,
+    /// What the fault proxy relayed, when there was one.
+    pub proxy: Option<crate::proxy::ProxyStats>,
 }
 
 /// What the failover fault did, and how the gateways answered around it.
@@ -625,6 +664,20 @@ impl fmt::Display for Report {
         if let Some(failover) = &self.failover {
             writeln!(f, "{failover}")?;
         }
+        for fault in &self.db_faults {
+            writeln!(f, "fault: {fault}")?;
+        }
+        if let Some(proxy) = &self.proxy {
+            writeln!(
+                f,
+                "proxy: {} connections, {:.1} MiB to PostgreSQL, {:.1} MiB back, {} chunks lost, {} connections reset",
+                proxy.connections,
+                proxy.bytes_up as f64 / 1048576.0,
+                proxy.bytes_down as f64 / 1048576.0,
+                proxy.chunks_lost,
+                proxy.resets
+            )?;
+        }
         let probes: Vec<String> = self.probes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         writeln!(
             f,
@@ -675,7 +728,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let started = Instant::now();
     let mut report = Report {
         summary: format!(
-            "seed {:#x}, {} s, {} producers at {} req/s, {} partitions (hot groups of {} moving every {:?}), batches 1..={}, {}% repeats, {}% shared ids, gateways [{}]",
+            "seed {:#x}, {} s, {} producers at {} req/s, {} partitions (hot groups of {} moving every {:?}), batches 1..={}, {}% repeats, {}% shared ids, {} probes/s, gateways [{}]",
             config.seed,
             config.duration.as_secs(),
             config.producers,
@@ -686,6 +739,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
             config.max_batch,
             config.repeat_percent,
             config.shared_percent,
+            config.probe_rate,
             config.gateways.iter().map(|g| format!("{} {}", g.label, g.args.join(" "))).collect::<Vec<_>>().join("; ")
         ),
         ..Report::default()
@@ -701,7 +755,23 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         Some(_) => Some(Arc::new(ReplicatedPair::start().await.context("start a primary and its synchronous standby")?)),
         None => None,
     };
-    let database_url = pair.as_ref().map_or_else(|| config.database_url.clone(), |pair| pair.url());
+    if pair.is_some() && (config.faults.needs_proxy() || config.faults.own_server().is_some()) {
+        bail!("the faults between the gateways and PostgreSQL do not combine with a failover")
+    }
+    if pg_restarts && config.faults.own_server().is_some() {
+        bail!("the connection and disk faults run the gateways on a server of their own, which PostgreSQL restarts do not reach")
+    }
+    // The server of the run's own and the fault proxy, when the faults need
+    // them; declared before the gateways, so that they outlive them.
+    let rig = DbRig::start(config, config.database_url.clone()).await?;
+    let database_url = match &pair {
+        Some(pair) => pair.url(),
+        None => rig.gateway_url()?,
+    };
+    let described = rig.describe();
+    if !described.is_empty() {
+        let _ = write!(report.summary, ", {described}");
+    }
     if let Some(pair) = &pair {
         let _ = write!(
             report.summary,
@@ -731,6 +801,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
             (None, false) => None,
         },
         pair: pair.clone(),
+        db: &rig,
     };
 
     // Producers, the metrics scraper and the fault schedule.
@@ -742,6 +813,11 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         let book = book.clone();
         producers.push(tokio::spawn(async move { produce(producer, &config, &book, t0, end).await }));
     }
+    let prober = (config.probe_rate > 0.0).then(|| {
+        let config = config.clone();
+        let book = book.clone();
+        tokio::spawn(async move { probe(&config, &book, end).await })
+    });
     let mut steps_producers = Vec::new();
     for producer in 0..config.steps_producers {
         let config = config.clone();
@@ -759,6 +835,9 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let mut requests: Vec<Request> = Vec::new();
     for task in producers {
         requests.extend(task.await.context("a producer panicked")?);
+    }
+    if let Some(prober) = prober {
+        requests.extend(prober.await.context("the prober panicked")?);
     }
     let mut steps = Vec::new();
     for task in steps_producers {
@@ -779,6 +858,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     report.restarts = faults.restarts;
     report.pg_restarts = faults.pg_restarts;
     report.clock_jumps = faults.clock_jumps;
+    report.proxy = rig.proxy.as_ref().map(|proxy| proxy.stats());
     report.fault_errors = faults.errors;
     report.unexpected_exits = faults.unexpected_exits;
     let windows = windows.lock().expect("not poisoned").clone();
@@ -797,7 +877,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let gateway_tails: Vec<String> = nodes.iter().map(|n| n.tail()).collect();
     if config.steps_producers > 0 {
         // The gateways' firers deliver what is due before they go.
-        let url = pair.as_ref().map_or_else(|| config.database_url.clone(), |pair| pair.current_primary_url());
+        let url = pair.as_ref().map_or_else(|| rig.direct_url.clone(), |pair| pair.current_primary_url());
         wait_for_due_timers(&url, config).await?;
     }
     for node in &mut nodes {
@@ -805,7 +885,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     }
 
     // The truth: after a failover, from the promoted standby alone.
-    let truth_url = pair.as_ref().map_or_else(|| config.database_url.clone(), |pair| pair.current_primary_url());
+    let truth_url = pair.as_ref().map_or_else(|| rig.direct_url.clone(), |pair| pair.current_primary_url());
     if let (Some(pair), Some(times)) = (&pair, &faults.failover) {
         let mut failover = failover_report(times, &requests, t0);
         failover.primary = pair.primary.address();
@@ -818,6 +898,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         check_steps(&truth_url, config, &steps, &mut report).await?;
     }
     let stored = read_stored(&truth_url, &config.queue).await?;
+    report.db_faults = db_faults::reports(&faults.spells, &requests, &stored, config, t0);
     check(&requests, &stored, &windows, &mut report);
     if !report.violations.is_empty() && report.violations.iter().any(|v| v.kind == "storage") {
         let _ = writeln!(report.histories, "gateway logs (tails):\n{}", gateway_tails.join("\n"));

@@ -7,4 +7,5 @@ pub mod component;
 pub mod cpu;
 pub mod gateway;
 pub mod pg;
+pub mod proxy;
 pub mod trace;

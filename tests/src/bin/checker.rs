@@ -55,6 +55,24 @@
 //!   --database-url URL     use this database (default: a fresh one on
 //!                          STILE_TEST_DATABASE_URL's server, dropped at the end;
 //!                          not with --failover-at)
+//!   --db-faults LIST       faults between the gateways and PostgreSQL, or in
+//!                          it, each NAME@SECONDS+SECONDS (when into the run,
+//!                          how long), comma-separated: `latency`, `loss`,
+//!                          `partition` (through a fault proxy of the
+//!                          checker's own), `reset@SECONDS` (every open
+//!                          connection aborted right after its next request),
+//!                          `connections` (another client takes every free
+//!                          connection), `row-lock` (of the partition written
+//!                          most in the last 2 s), `table-lock`
+//!                          (stile.segments in SHARE mode), `disk-full` (a
+//!                          tmpfs, which takes root); the connection and disk
+//!                          faults run on a server of the checker's own [none]
+//!   --latency-ms N         the latency fault's delay, each way [50]
+//!   --jitter-ms N          its jitter, either side [10]
+//!   --loss-percent P       the loss fault's share of chunks lost [5]
+//!   --probe-rate R         single-item pushes a second, open-loop, round robin
+//!                          over every partition, which show what kept flowing
+//!                          through a row lock [20 with --db-faults, else 0]
 //!
 //! Two further runs are recorded in bench/checker/RESULTS.md. Churn: 100,000
 //! partitions, each id's partition chosen from a hot group of 2,000 that moves
@@ -87,6 +105,17 @@
 //!
 //! ```text
 //! checker --seconds 120 --failover-at 60
+//! ```
+//!
+//! The faults between the gateways and PostgreSQL, one after another, with
+//! the gateways' other faults off so that each one's time to recover is its
+//! own:
+//!
+//! ```text
+//! checker --seconds 150 --kill-every 0 --pg-restart-every 0 --short-window 0 \
+//!     --db-faults latency@10+20,loss@40+20,partition@70+20,reset@100,reset@110,reset@120
+//! checker --seconds 150 --kill-every 0 --pg-restart-every 0 --short-window 0 \
+//!     --db-faults connections@10+20,row-lock@40+20,table-lock@70+20,disk-full@100+20
 //! ```
 
 use std::time::Duration;
@@ -138,6 +167,11 @@ fn main() -> std::process::ExitCode {
         "engine",
         "window",
         "clocks",
+        "db-faults",
+        "latency-ms",
+        "jitter-ms",
+        "loss-percent",
+        "probe-rate",
     ];
     if let Some(unknown) = options.keys().find(|k| !known.contains(&k.as_str())) {
         eprintln!("checker: unknown option --{unknown}");
@@ -232,6 +266,15 @@ fn main() -> std::process::ExitCode {
             failover_at: (failover_at > 0.0).then(|| Duration::from_secs_f64(failover_at)),
             ..Faults::default()
         };
+        config.probe_rate = number("probe-rate", if options.contains_key("db-faults") { 20.0 } else { 0.0 });
+        if let Some(list) = options.get("db-faults") {
+            let latency = Duration::from_millis(number("latency-ms", 50.0) as u64);
+            let jitter = Duration::from_millis(number("jitter-ms", 10.0) as u64);
+            if let Err(error) = config.faults.add_db_faults(list, latency, jitter, number("loss-percent", 5.0)) {
+                eprintln!("checker: --db-faults {list}: {error:#}");
+                return std::process::ExitCode::from(2);
+            }
+        }
         let report = match checker::run(&config).await {
             Ok(report) => report,
             Err(error) => {

@@ -1,6 +1,8 @@
 //! The fault schedule and the faults themselves: kills and restarts,
-//! PostgreSQL restarts, the failover, window changes, clock jumps.
+//! PostgreSQL restarts, the failover, window changes, clock jumps; the
+//! faults between the gateways and PostgreSQL are `db_faults`'.
 
+use super::db_faults::{self, DbFault, Edge, SpellTimes};
 use super::*;
 
 #[derive(Clone, Debug)]
@@ -13,6 +15,8 @@ pub(super) enum FaultEvent {
     Window(i32),
     /// A gateway's wall clock jumps to this offset (seconds).
     Clock(usize, i64),
+    /// A fault between the gateways and PostgreSQL, or in it, begins or ends.
+    Db(DbFault, Edge),
 }
 
 pub(super) fn schedule(config: &Config) -> Vec<(Duration, FaultEvent)> {
@@ -49,6 +53,9 @@ pub(super) fn schedule(config: &Config) -> Vec<(Duration, FaultEvent)> {
             events.push((at, FaultEvent::Clock(gateway, offset_s)));
         }
     }
+    for (at, fault, edge) in config.faults.db_fault_edges() {
+        events.push((at, FaultEvent::Db(fault, edge)));
+    }
     events.sort_by_key(|(at, _)| *at);
     events
 }
@@ -60,6 +67,8 @@ pub(super) struct FaultLog {
     pub(super) pg_restarts: u64,
     pub(super) clock_jumps: u64,
     pub(super) failover: Option<FailoverTimes>,
+    /// The faults between the gateways and PostgreSQL, as they happened.
+    pub(super) spells: Vec<SpellTimes>,
     pub(super) errors: Vec<String>,
     pub(super) unexpected_exits: Vec<String>,
 }
@@ -102,11 +111,13 @@ impl Admin {
 }
 
 /// The PostgreSQL servers the faults act on.
-pub(super) struct PgTargets {
+pub(super) struct PgTargets<'a> {
     /// The cluster a PostgreSQL restart restarts.
     pub(super) cluster: Option<PgCluster>,
     /// The primary and standby a failover switches between.
     pub(super) pair: Option<Arc<ReplicatedPair>>,
+    /// The proxy and the server of the run's own.
+    pub(super) db: &'a DbRig,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -116,13 +127,14 @@ pub(super) async fn run_faults(
     book: &AddressBook,
     admin: &mut Admin,
     windows: &Arc<Mutex<Windows>>,
-    pg: &PgTargets,
+    pg: &PgTargets<'_>,
     config: &Config,
     t0: Instant,
     end: Instant,
     log: &mut FaultLog,
 ) {
     let mut next = 0;
+    let mut in_force = InForce::default();
     loop {
         // A gateway that exited by itself is a finding: report and restart it.
         for (index, node) in nodes.iter_mut().enumerate() {
@@ -170,6 +182,10 @@ pub(super) async fn run_faults(
                     };
                     windows.lock().expect("not poisoned").changes.push(WindowChange { seconds, sent_us, acked_us });
                 }
+                FaultEvent::Db(fault, edge) => {
+                    let pids: Vec<u32> = nodes.iter().filter_map(|node| node.child.as_ref().map(Child::id)).collect();
+                    db_faults::apply((fault, edge), pg.db, &mut in_force, config, &pids, log).await;
+                }
                 FaultEvent::Clock(index, offset_s) => {
                     let node = &nodes[index];
                     match node.clock.as_ref().map(|file| file.set(offset_s)) {
@@ -183,13 +199,15 @@ pub(super) async fn run_faults(
             continue;
         }
         if Instant::now() >= end && next >= schedule.len() {
-            return;
+            break;
         }
         if Instant::now() >= end + config.request_deadline {
-            return;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A spell that outlasted the run ends with it.
+    db_faults::release_all(pg.db, &mut in_force, log).await;
 }
 
 pub(super) async fn restart(index: usize, node: &mut Node, book: &AddressBook, log: &mut FaultLog) {

@@ -18,6 +18,8 @@ pub(super) struct Copy {
 pub(super) struct Stored {
     /// partition → its messages in offset order.
     pub(super) partitions: BTreeMap<String, Vec<Copy>>,
+    /// partition → its id (which places it on a shard).
+    pub(super) ids: BTreeMap<String, i64>,
     /// Storage problems found while reading.
     pub(super) problems: Vec<(String, String)>,
 }
@@ -119,6 +121,7 @@ pub(super) async fn read_stored(database_url: &str, queue: &str) -> anyhow::Resu
         for base in txns_by_base.keys() {
             problem(format!("txns row {base} has no segment"));
         }
+        stored.ids.insert(name.clone(), id);
         stored.partitions.insert(name, copies);
     }
     Ok(stored)

@@ -69,6 +69,47 @@ pub(super) async fn produce(producer: usize, config: &Config, book: &AddressBook
     requests
 }
 
+/// Probes: single-item pushes with ids of their own (`probe-{n}`), sent
+/// open-loop at `config.probe_rate` a second, round robin over every
+/// partition, each request on a task and connections of its own, so that a
+/// partition that stalls holds up its own probes only. They show, partition
+/// by partition, what kept flowing while a fault held some back (the
+/// producers above wait for each answer, so a stall stops them whole).
+/// Their producer number is `config.producers`.
+pub(super) async fn probe(config: &Config, book: &AddressBook, end: Instant) -> Vec<Request> {
+    let producer = config.producers;
+    let interval = Duration::from_secs_f64(1.0 / config.probe_rate);
+    let mut tasks = Vec::new();
+    let mut next_at = Instant::now();
+    for seq in 0u64.. {
+        tokio::time::sleep_until(next_at.into()).await;
+        next_at += interval;
+        if Instant::now() >= end {
+            break;
+        }
+        let item = Item {
+            txn: format!("probe-{seq}"),
+            partition: format!("part-{}", seq % config.partitions.max(1) as u64),
+            kind: Kind::New,
+        };
+        let mut request = Request { producer, seq, items: vec![item], attempts: Vec::new() };
+        let (config, book) = (config.clone(), book.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(config.seed ^ 0x0091_20be ^ seq);
+            let mut clients: Vec<Option<(u32, Client)>> = (0..config.gateways.len()).map(|_| None).collect();
+            send(&mut request, &config, &book, &mut clients, &mut rng).await;
+            request
+        }));
+    }
+    let mut requests = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        if let Ok(request) = task.await {
+            requests.push(request);
+        }
+    }
+    requests
+}
+
 /// A new id's partition, in the hot group of the time it is minted at; the
 /// id keeps it for good.
 pub(super) fn partition_of(txn: &str, minted_at: Duration, config: &Config) -> String {
