@@ -15,7 +15,9 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::api::{Payload, PushItem};
-use crate::db::{ClockFloor, Db, DbError, MessageOutcome, PartitionMeta, SegmentPush, push_on};
+use crate::db::{
+    ClockFloor, Db, DbError, MessageOutcome, PartitionMeta, PartitionName, SegmentPush, push_on, resolve_partitions_on,
+};
 use crate::fusion::Message;
 use crate::hash::txn_hash;
 use crate::metrics::Metrics;
@@ -136,15 +138,16 @@ impl Gateway {
         Ok(results)
     }
 
-    /// Layer 1 and partition lookups for messages to push inside a
-    /// transaction, done before the transaction takes its connection: a
-    /// lookup takes a pooled connection of its own, and a transaction that
-    /// held one while it waited for another could wait for ever once the
-    /// pool is spent.
-    pub async fn plan_pushes(&self, pushes: Vec<TransactionalPush>) -> Result<PlannedPushes, DbError> {
-        // An id repeated for one partition follows its first push. By hash,
-        // as the shards' layer 2 compares, so that a segment's hashes are
-        // distinct.
+    /// Layer 1 and partition lookups for messages to push inside the open
+    /// transaction of `client`. Partitions this gateway has not seen lately
+    /// are looked up (or created) in that transaction, all in one round
+    /// trip: a queue or partition that only a rolled-back transaction named
+    /// is never left behind, and a transaction holds one connection only.
+    pub async fn plan_pushes(
+        &self,
+        client: &impl GenericClient,
+        pushes: Vec<TransactionalPush>,
+    ) -> Result<PlannedPushes, DbError> {
         let hashes: Vec<[u8; 16]> = pushes.iter().map(|p| txn_hash(&p.transaction_id)).collect();
         let mut first: HashMap<(&str, &str, [u8; 16]), usize> = HashMap::new();
         let mut leader_of = Vec::with_capacity(pushes.len());
@@ -156,10 +159,11 @@ impl Gateway {
                 groups.entry((&push.queue, &push.partition)).or_default().push(index);
             }
         }
+        let metas =
+            self.partitions_in(client, groups.keys().map(|&(queue, partition)| PartitionName { queue, partition })).await?;
         let mut segments = Vec::with_capacity(groups.len());
         let mut clock_floor = ClockFloor::EPOCH;
-        for (&(queue, partition), leaders) in &groups {
-            let (meta, window_read_at) = self.partition_meta(queue, partition).await?;
+        for (leaders, (meta, window_read_at)) in groups.values().zip(metas) {
             let segment_hashes: Vec<u8> = leaders.iter().flat_map(|&i| hashes[i]).collect();
             let shard = &self.shards[shard_of(meta.id, self.shards.len())];
             let vouch = shard
@@ -288,6 +292,36 @@ impl Gateway {
         let read_at = Instant::now();
         memo.insert(key, (meta, read_at));
         Ok((meta, read_at))
+    }
+
+    /// Partitions' metadata, in order: from the memo where it is fresh,
+    /// the others read (or created) on `client` and not memoised, since
+    /// `client`'s transaction may yet roll back. `names` come sorted, so
+    /// that creations take one order (see [`resolve_partitions_on`]).
+    async fn partitions_in(
+        &self,
+        client: &impl GenericClient,
+        names: impl Iterator<Item = PartitionName<'_>>,
+    ) -> Result<Vec<(PartitionMeta, Instant)>, DbError> {
+        let names: Vec<PartitionName<'_>> = names.collect();
+        let mut known: Vec<Option<(PartitionMeta, Instant)>> = {
+            let memo = self.metadata.lock().expect("not poisoned");
+            names
+                .iter()
+                .map(|name| {
+                    let key = (name.queue.to_owned(), name.partition.to_owned());
+                    memo.get(&key).filter(|(_, at)| at.elapsed() < METADATA_TTL).copied()
+                })
+                .collect()
+        };
+        let unknown: Vec<PartitionName<'_>> =
+            names.iter().zip(&known).filter(|(_, meta)| meta.is_none()).map(|(&name, _)| name).collect();
+        let read_at = Instant::now();
+        let mut resolved = resolve_partitions_on(client, &unknown).await?.into_iter();
+        for meta in known.iter_mut().filter(|meta| meta.is_none()) {
+            *meta = Some((resolved.next().expect("one meta per unknown name"), read_at));
+        }
+        Ok(known.into_iter().map(|meta| meta.expect("every name resolved")).collect())
     }
 
     /// Forgets memoised metadata of a queue, so that a configure made through

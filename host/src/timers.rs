@@ -214,10 +214,7 @@ pub async fn fire_due(gateway: &Gateway) -> Result<usize, DbError> {
             payload: Payload::from(raw),
         });
     }
-    // The partitions are looked up on another pooled connection while this
-    // one holds the timers: one firer per gateway holds at most one
-    // connection waiting, and transactions hold none while they look up.
-    let planned = gateway.plan_pushes(pushes).await?;
+    let planned = gateway.plan_pushes(&tx, pushes).await?;
     let pushed = gateway.push_planned(&tx, planned).await?;
     tx.commit().await?;
     gateway.committed_elsewhere(pushed.committed).await;

@@ -90,9 +90,9 @@ pub async fn run(gateway: &Gateway, request: TransactionRequest, kv_limit: kv::A
     let transaction_id = Uuid::now_v7();
     let pushes: Vec<TransactionalPush> = request.pushes.into_iter().map(transactional).collect();
     let push_count = pushes.len();
-    let planned = gateway.plan_pushes(pushes).await?;
     let mut client = gateway.db().pool().get().await?;
     let tx = client.transaction().await?;
+    let planned = gateway.plan_pushes(&tx, pushes).await?;
     let pushed = gateway.push_planned(&tx, planned).await?;
     if pushed.already_stored > 0 {
         tx.rollback().await?;

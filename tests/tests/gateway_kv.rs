@@ -91,6 +91,31 @@ async fn every_operation_answers_its_verdict() {
     assert_eq!(next["truncated"], json!(false));
 }
 
+/// jsonb prints a double near its limit as 309 plain digits. A value
+/// holding one (as written here directly, or by a gateway of an earlier
+/// build) is read back as the same double, and one written through the
+/// gateway too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_holding_the_largest_double_reads_back() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let db = t.client().await;
+    db.execute(
+        "INSERT INTO stile.kv (ns, key, value, version, updated_at)
+         VALUES ('o', 'old', '[1.7976931348623157e308, -1.7976931348623157e308]', nextval('stile.kv_versions'), now())",
+        &[],
+    )
+    .await
+    .expect("a value written directly");
+    let old = one(&mut c, json!({"op": "get", "ns": "o", "key": "old"})).await;
+    assert_eq!(old["value"], json!([f64::MAX, f64::MIN]), "{old}");
+    let put = one(&mut c, json!({"op": "put", "ns": "o", "key": "new", "value": {"x": f64::MAX}, "forever": true})).await;
+    assert_eq!(put["applied"], json!(true), "{put}");
+    let new = one(&mut c, json!({"op": "get", "ns": "o", "key": "new"})).await;
+    assert_eq!(new["value"], json!({"x": f64::MAX}), "{new}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_required_operation_writes_nothing_of_its_call() {
     let t = fresh_database().await;

@@ -118,6 +118,66 @@ async fn a_lost_gate_rolls_back_the_pushes_before_it() {
     assert!(answers[0].queued(), "{answers:?}");
 }
 
+/// Queues and partitions that exist, by name.
+async fn names(t: &TestDb) -> Vec<String> {
+    let c = t.client().await;
+    let rows = c
+        .query(
+            "SELECT q.name || coalesce('/' || p.name, '') FROM stile.queues q LEFT JOIN stile.partitions p ON p.queue = q.name
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// A rolled-back transaction leaves nothing of the queues and partitions
+/// it named first: for a stored id, for a lost gate, and with many new
+/// partitions at once (whose lookups are one round trip).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_transaction_leaves_no_new_queue_or_partition() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let first = transaction(&mut c, json!({"operations": [push("emails", "u1", &["m-1"])], "kv": [once("step-1")]})).await;
+    assert_eq!(first["success"], json!(true));
+    let before = names(&t).await;
+    assert_eq!(before, vec!["emails/u1"]);
+
+    let stored_id = transaction(
+        &mut c,
+        json!({"operations": [push("invoices", "new-1", &["i-1"]), push("emails", "u2", &["m-9"]), push("emails", "u1", &["m-1"])]}),
+    )
+    .await;
+    assert_eq!(stored_id["reason"], json!("duplicate"), "{stored_id}");
+    assert_eq!(names(&t).await, before, "the stored id rolled back the new queue and partitions");
+
+    let lost_gate =
+        transaction(&mut c, json!({"operations": [push("invoices", "new-2", &["i-2"])], "kv": [once("step-1")]})).await;
+    assert_eq!(lost_gate["reason"], json!("kv_precondition"), "{lost_gate}");
+    assert_eq!(names(&t).await, before, "the lost gate rolled back the new queue and partition");
+
+    let partitions = 2_000;
+    let mut operations: Vec<Value> = (0..partitions).map(|p| push("wide", &format!("p{p:05}"), &[&format!("w-{p}")])).collect();
+    operations.push(push("emails", "u1", &["m-1"]));
+    let started = std::time::Instant::now();
+    let wide = transaction(&mut c, json!({ "operations": operations })).await;
+    println!("a transaction naming {partitions} new partitions, rolled back, answered in {:?}", started.elapsed());
+    assert_eq!(wide["reason"], json!("duplicate"), "{wide}");
+    assert_eq!(names(&t).await, before);
+
+    operations = (0..partitions).map(|p| push("wide", &format!("p{p:05}"), &[&format!("w-{p}")])).collect();
+    let started = std::time::Instant::now();
+    let committed = transaction(&mut c, json!({ "operations": operations })).await;
+    println!("a transaction naming {partitions} new partitions, committed, answered in {:?}", started.elapsed());
+    assert_eq!(committed["success"], json!(true), "{}", committed["error"]);
+    assert_eq!(names(&t).await.len(), before.len() + partitions);
+    // The ids stored in a transaction are duplicates to a plain push next.
+    let again = c.push(vec![item("wide", "p01999", Some("w-1999"), json!(1))]).await;
+    assert!(!again[0].queued(), "{again:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_and_bad_bodies_are_refused_and_write_nothing() {
     let t = fresh_database().await;

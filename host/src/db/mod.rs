@@ -369,25 +369,8 @@ impl Db {
     /// (from defaults) and the partition on first use.
     pub async fn resolve_partition(&self, queue: &str, partition: &str) -> Result<PartitionMeta, DbError> {
         let client = self.pool.get().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT partition_id, window_seconds, last_offset, txns_start \
-                 FROM stile.resolve_partition($1, $2)",
-            )
-            .await?;
-        let row = client.query_one(&stmt, &[&queue, &partition]).await.map_err(|e| match e.as_db_error() {
-            // A queue or partition name the schema refuses.
-            Some(db) if *db.code() == tokio_postgres::error::SqlState::CHECK_VIOLATION => {
-                DbError::Invalid(db.message().to_string())
-            }
-            _ => DbError::from(e),
-        })?;
-        Ok(PartitionMeta {
-            id: row.try_get(0)?,
-            window_seconds: row.try_get(1)?,
-            last_offset: row.try_get(2)?,
-            txns_start: row.try_get(3)?,
-        })
+        let mut metas = resolve_partitions_on(&client, &[PartitionName { queue, partition }]).await?;
+        Ok(metas.pop().expect("one meta per name"))
     }
 
     /// Pushes a bundle of segments in one round trip and one transaction.
@@ -593,6 +576,50 @@ fn build_pool(config: &tokio_postgres::Config, pool_size: usize) -> Result<Pool,
         .recycle_timeout(Some(Duration::from_secs(5)))
         .build()
         .map_err(|e| DbError::Config(e.to_string()))
+}
+
+/// A partition by its names, as a request gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PartitionName<'a> {
+    pub queue: &'a str,
+    pub partition: &'a str,
+}
+
+/// Resolves partitions on `client`, creating those that do not exist yet,
+/// and answers their metadata in the order of `names`. Inside an open
+/// transaction the queues and partitions it creates are that transaction's:
+/// gone if it rolls back. The lookups are pipelined (one round trip for
+/// any number), and sent in the order of `names`: callers that may create
+/// several in one transaction pass them sorted, so that two such
+/// transactions take the names' index entries in one order and cannot
+/// deadlock.
+pub async fn resolve_partitions_on(
+    client: &impl GenericClient,
+    names: &[PartitionName<'_>],
+) -> Result<Vec<PartitionMeta>, DbError> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT partition_id, window_seconds, last_offset, txns_start \
+             FROM stile.resolve_partition($1, $2)",
+        )
+        .await?;
+    let stmt = &stmt;
+    let lookups = names.iter().map(|name| async move { client.query_one(stmt, &[&name.queue, &name.partition]).await });
+    let rows = futures::future::try_join_all(lookups).await.map_err(|e| match e.as_db_error() {
+        // A queue or partition name the schema refuses.
+        Some(db) if *db.code() == tokio_postgres::error::SqlState::CHECK_VIOLATION => DbError::Invalid(db.message().to_string()),
+        _ => DbError::from(e),
+    })?;
+    rows.iter()
+        .map(|row| {
+            Ok(PartitionMeta {
+                id: row.try_get("partition_id")?,
+                window_seconds: row.try_get("window_seconds")?,
+                last_offset: row.try_get("last_offset")?,
+                txns_start: row.try_get("txns_start")?,
+            })
+        })
+        .collect()
 }
 
 /// Runs `stile.push` for a bundle on `client`: on a pooled connection it is

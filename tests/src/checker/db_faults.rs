@@ -38,10 +38,10 @@ const CHECKER_APPLICATION: &str = "stile-checker";
 /// The gateways' application name, `stile::db::pg_config`'s default.
 const GATEWAY_APPLICATION: &str = "stile";
 
-/// A server of the checker's own: room for two or three gateways' pools
-/// (`--pool-size 8` and three connections per shard) and the truth reader,
-/// small enough for the connection fault to fill quickly.
-const OWN_MAX_CONNECTIONS: u32 = 60;
+/// A server of the checker's own: room for three gateways' pools
+/// (`--pool-size 8` and three connections per shard, a few shards each) and
+/// the truth reader, small enough for the connection fault to fill quickly.
+const OWN_MAX_CONNECTIONS: u32 = 100;
 
 /// The filesystem of a server whose disk is filled: its data, WAL and logs,
 /// with room for a few minutes of the checker's traffic.
@@ -831,7 +831,16 @@ fn report(spell: &SpellTimes, requests: &[Request], t0: Instant) -> DbFaultRepor
                 }
             }
             failed if (start..=settled).contains(&attempt.done_us) => {
-                *report.failed.entry(failure_kind(failed)).or_insert(0) += 1;
+                let kind = failure_kind(failed);
+                // The first answer of each unexpected status, to show what
+                // the gateway said.
+                if let Outcome::Status(status, body) = failed
+                    && *status != 503
+                    && !report.failed.contains_key(&kind)
+                {
+                    report.notes.push(format!("the first {status} said: {}", body.chars().take(300).collect::<String>()));
+                }
+                *report.failed.entry(kind).or_insert(0) += 1;
             }
             _ => {}
         }

@@ -223,7 +223,7 @@ impl Server {
         &self.data
     }
 
-    fn log_path(&self) -> PathBuf {
+    pub(super) fn log_path(&self) -> PathBuf {
         self.data.with_extension("log")
     }
 
@@ -318,14 +318,15 @@ impl OwnServer {
     /// Starts the server again if it has exited (PostgreSQL stops for good
     /// when it cannot recover, as after a write to its WAL failed), and
     /// waits until it accepts connections. Answers how it had ended, with
-    /// the last PANIC and FATAL lines of its log, if it had.
+    /// the last lines of its log that say why, if it had.
     pub(super) async fn ensure_running(&self) -> anyhow::Result<Option<String>> {
         let Some(status) = self.server.exit_status() else {
             self.home.ready(&self.server).await?;
             return Ok(None);
         };
-        let tail = self.server.log_tail();
-        let fatal: Vec<&str> = tail.lines().filter(|line| line.contains("PANIC") || line.contains("FATAL")).collect();
+        let log = std::fs::read_to_string(self.server.log_path()).unwrap_or_default();
+        let why = ["PANIC", "No space left", "startup process", "shutting down"];
+        let fatal: Vec<&str> = log.lines().filter(|line| why.iter().any(|w| line.contains(w))).collect();
         self.home.serve(&self.server, &self.settings)?;
         self.home.ready(&self.server).await?;
         Ok(Some(format!("{status}; its log: {}", fatal[fatal.len().saturating_sub(3)..].join(" / "))))
