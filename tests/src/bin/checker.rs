@@ -1,293 +1,346 @@
-//! The exactness checker, long form: producers push through several gateway
-//! processes on one database while gateways are killed with `kill -9` and
-//! restarted, PostgreSQL is restarted, one gateway traps guest calls, one has
-//! a tiny cache budget, two have wall clocks two windows ahead of and behind
-//! PostgreSQL's that swap halfway (libfaketime: `apt-get install faketime`),
-//! and the window is shortened and lengthened; then every answer is checked
-//! against PostgreSQL. Exits 1 on any violation.
-//!
-//! ```text
-//! cargo build --release -p stile
-//! cargo run --release -p stile-tests --bin checker -- --seconds 300
-//! ```
-//!
-//! Options (defaults in brackets):
-//!   --seconds N            how long producers push [300]
-//!   --seed N               the workload's seed [fixed]
-//!   --producers N          producer tasks [8]
-//!   --steps-producers N    producers of transactions and timers (checker/steps.rs) [1]
-//!   --rate R               requests per second per producer [40]
-//!   --partitions N         partitions of the queue [128]
-//!   --hot-partitions N     new ids go to a group of this many, 0 for all [8]
-//!   --hot-phase-ms N       the group moves on this often [2000]
-//!   --max-batch N          items per request, at most [8]
-//!   --repeat-percent N     items re-sending an earlier id [15]
-//!   --shared-percent N     items with ids shared between producers [4]
-//!   --gateways N           with --roles faults, 2 or 3: g0 traps guest calls, g1 has a
-//!                          tiny cache, g2 is plain; with --roles plain, 1 to 3 [3]
-//!   --roles R              `faults` (as above) or `plain` (every gateway alike, with
-//!                          --cache-mb and --shards) [faults]
-//!   --cache-mb N           plain gateways' cache budget [512]
-//!   --shards N             plain gateways' shards [the cores]
-//!   --engine E             plain gateways' cache engine, wasm or native [wasm]
-//!   --traps-per-million N  g0's injected guest traps [20000]
-//!   --tiny-cache-mb N      g1's cache budget [1]
-//!   --tiny-shards N        g1's shards, sharing that budget [32]
-//!   --kill-every S         kill -9 a gateway this often, 0 for never [20]
-//!   --kill-downtime-ms N   how long a killed gateway stays down [1000]
-//!   --pg-restart-every S   restart PostgreSQL this often, 0 for never [60; 0 with
-//!                          --failover-at]
-//!   --failover-at S        run on a primary and a synchronous standby of the
-//!                          checker's own (PostgreSQL's server programs, and as
-//!                          root the user `postgres`), stop the primary
-//!                          immediately this far into the run and promote the
-//!                          standby; 0 for no failover [0]
-//!   --short-window S       the short window, 0 for no window change [3]
-//!   --window S             the queue's window outside the short period
-//!                          [3600, or twice the run if longer]
-//!   --clocks SPECS         each gateway's wall clock against PostgreSQL's, in
-//!                          gateway order, comma-separated: seconds, with `:`
-//!                          between offsets the clock jumps through at equal
-//!                          shares of the run (`+150`, `+7200:-7200`), `-` for
-//!                          the machine's clock, `off` for none at all
-//!                          [with --roles faults: -,+2W:-2W,-2W:+2W for a
-//!                          window W; otherwise off]
-//!   --database-url URL     use this database (default: a fresh one on
-//!                          STILE_TEST_DATABASE_URL's server, dropped at the end;
-//!                          not with --failover-at)
-//!   --db-faults LIST       faults between the gateways and PostgreSQL, or in
-//!                          it, each NAME@SECONDS+SECONDS (when into the run,
-//!                          how long), comma-separated: `latency`, `loss`,
-//!                          `partition` (through a fault proxy of the
-//!                          checker's own), `reset@SECONDS` (every open
-//!                          connection aborted right after its next request),
-//!                          `connections` (another client takes every free
-//!                          connection), `row-lock` (of the partition written
-//!                          most in the last 2 s), `table-lock`
-//!                          (stile.segments in SHARE mode), `disk-full` (a
-//!                          tmpfs, which takes root); the connection and disk
-//!                          faults run on a server of the checker's own [none]
-//!   --latency-ms N         the latency fault's delay, each way [50]
-//!   --jitter-ms N          its jitter, either side [10]
-//!   --loss-percent P       the loss fault's share of chunks lost [5]
-//!   --probe-rate R         single-item pushes a second, open-loop, round robin
-//!                          over every partition, which show what kept flowing
-//!                          through a row lock [20 with --db-faults, else 0]
-//!
-//! Two further runs are recorded in bench/checker/RESULTS.md. Churn: 100,000
-//! partitions, each id's partition chosen from a hot group of 2,000 that moves
-//! on every 2 s, through one gateway with a 64 MiB cache (resident memory near
-//! the budget, suppression rising, no verdict changed):
-//!
-//! ```text
-//! checker --roles plain --gateways 1 --cache-mb 64 --partitions 100000 \
-//!     --hot-partitions 2000 --seconds 300 --rate 0 --producers 32 \
-//!     --kill-every 0 --pg-restart-every 0 --short-window 0
-//! ```
-//!
-//! Soak: the highest rate the machine sustains (closed loop), no faults, a
-//! 60 s window so that the cache reaches its steady state a minute in, memory
-//! flat from then on and latency percentiles printed:
-//!
-//! ```text
-//! checker --roles plain --gateways 1 --seconds 300 --window 60 --rate 0 \
-//!     --producers 32 --kill-every 0 --pg-restart-every 0 --short-window 0
-//! ```
-//!
-//! The PostgreSQL restart is `pg_ctlcluster --skip-systemctl-redirect VERSION
-//! NAME restart` of the cluster that listens on the database's port: it
-//! disturbs everything else that uses that cluster.
-//!
-//! The failover leaves that cluster alone: the checker makes a primary and a
-//! synchronous standby of its own in a temporary directory, gives the
-//! gateways both (`target_session_attrs=read-write`), and removes them at the
-//! end:
-//!
-//! ```text
-//! checker --seconds 120 --failover-at 60
-//! ```
-//!
-//! The faults between the gateways and PostgreSQL, one after another, with
-//! the gateways' other faults off so that each one's time to recover is its
-//! own:
-//!
-//! ```text
-//! checker --seconds 150 --kill-every 0 --pg-restart-every 0 --short-window 0 \
-//!     --db-faults latency@10+20,loss@40+20,partition@70+20,reset@100,reset@110,reset@120
-//! checker --seconds 150 --kill-every 0 --pg-restart-every 0 --short-window 0 \
-//!     --db-faults connections@10+20,row-lock@40+20,table-lock@70+20,disk-full@100+20
-//! ```
+//! The exactness checker, long form: see [`Args`], which is also what
+//! `checker --help` prints.
 
+use std::process::ExitCode;
 use std::time::Duration;
 
-use stile_tests::checker::{self, Config, Faults, GatewaySpec, ShortWindow};
+use clap::{Parser, ValueEnum};
+use stile_tests::checker::{self, ClockSkew, Config, Faults, GatewaySpec, ShortWindow};
 use stile_tests::pg::TestDb;
 
-fn main() -> std::process::ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut options = std::collections::HashMap::new();
-    let mut i = 0;
-    while i < args.len() {
-        let Some(name) = args[i].strip_prefix("--") else {
-            eprintln!("checker: unexpected argument {:?} (see the doc comment of tests/src/bin/checker.rs)", args[i]);
-            return std::process::ExitCode::from(2);
-        };
-        let Some(value) = args.get(i + 1) else {
-            eprintln!("checker: --{name} needs a value");
-            return std::process::ExitCode::from(2);
-        };
-        options.insert(name.to_owned(), value.clone());
-        i += 2;
+/// The exactness checker, long form: producers push through several gateway
+/// processes on one database while gateways are killed with `kill -9` and
+/// restarted, PostgreSQL is restarted, one gateway traps guest calls, one has
+/// a tiny cache budget, two have wall clocks two windows ahead of and behind
+/// PostgreSQL's that swap halfway (libfaketime: `apt-get install faketime`),
+/// and the window is shortened and lengthened; then every answer is checked
+/// against PostgreSQL. Exits 1 on any violation, 2 when it could not run.
+///
+/// ```text
+/// cargo build --release --workspace
+/// cargo run --release -p stile-tests --bin checker -- --seconds 300
+/// ```
+///
+/// The runs recorded in bench/checker/RESULTS.md. Churn: 100,000
+/// partitions, each id's partition chosen from a hot group of 2,000 that
+/// moves on every 2 s, through one gateway with a 64 MiB cache:
+///
+/// ```text
+/// checker --roles plain --gateways 1 --cache-mb 64 --partitions 100000 \
+///     --hot-partitions 2000 --seconds 300 --rate 0 --producers 32 \
+///     --kill-every 0 --pg-restart-every 0 --short-window 0
+/// ```
+///
+/// Soak: the highest rate the machine sustains (closed loop), no faults, a
+/// 60 s window so that the cache reaches its steady state a minute in:
+///
+/// ```text
+/// checker --roles plain --gateways 1 --seconds 300 --window 60 --rate 0 \
+///     --producers 32 --kill-every 0 --pg-restart-every 0 --short-window 0
+/// ```
+///
+/// The PostgreSQL restart is `pg_ctlcluster --skip-systemctl-redirect VERSION
+/// NAME restart` of the cluster that listens on the database's port: it
+/// disturbs everything else that uses that cluster. The failover leaves that
+/// cluster alone: the checker makes a primary and a synchronous standby of
+/// its own in a temporary directory and removes them at the end
+/// (`checker --seconds 120 --failover-at 60`).
+///
+/// The faults between the gateways and PostgreSQL, one after another, with
+/// the gateways' other faults off so that each one's time to recover is its
+/// own:
+///
+/// ```text
+/// checker --seconds 150 --kill-every 0 --pg-restart-every 0 --short-window 0 \
+///     --db-faults latency@10+20,loss@40+20,partition@70+20,reset@100,reset@110,reset@120
+/// checker --seconds 150 --kill-every 0 --pg-restart-every 0 --short-window 0 \
+///     --db-faults connections@10+20,row-lock@40+20,table-lock@70+20,disk-full@100+20
+/// ```
+#[derive(Debug, Parser)]
+#[command(name = "checker", verbatim_doc_comment)]
+struct Args {
+    /// How long producers push, in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    seconds: f64,
+    /// The workload's seed (a fixed one by default).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Producer tasks.
+    #[arg(long, default_value_t = 8)]
+    producers: usize,
+    /// Producers of transactions and timers (checker/steps.rs).
+    #[arg(long, default_value_t = 1)]
+    steps_producers: usize,
+    /// Requests per second per producer; 0 for as fast as answers come.
+    #[arg(long, default_value_t = 40.0)]
+    rate: f64,
+    /// Partitions of the queue.
+    #[arg(long, default_value_t = 128)]
+    partitions: usize,
+    /// New ids go to a group of this many partitions; 0 for all.
+    #[arg(long, default_value_t = 8)]
+    hot_partitions: usize,
+    /// The hot group moves on this often, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    hot_phase_ms: u64,
+    /// Items per request, at most.
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
+    /// Percent of items re-sending an earlier id.
+    #[arg(long, default_value_t = 15)]
+    repeat_percent: u32,
+    /// Percent of items with ids shared between producers.
+    #[arg(long, default_value_t = 4)]
+    shared_percent: u32,
+    /// Gateways: with `--roles faults`, 2 or 3 (g0 traps guest calls, g1 has
+    /// a tiny cache, g2 is plain); with `--roles plain`, 1 to 3.
+    #[arg(long, default_value_t = 3)]
+    gateways: usize,
+    /// What the gateways are.
+    #[arg(long, value_enum, default_value_t = Roles::Faults)]
+    roles: Roles,
+    /// Plain gateways' cache budget, in MiB.
+    #[arg(long, default_value_t = 512)]
+    cache_mb: u64,
+    /// Plain gateways' shards (the gateway's default: the cores).
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Plain gateways' cache engine, `wasm` or `native` (the gateway's
+    /// default: wasm).
+    #[arg(long)]
+    engine: Option<String>,
+    /// g0's injected guest traps, per million guest calls.
+    #[arg(long, default_value_t = 20_000)]
+    traps_per_million: u32,
+    /// g1's cache budget, in MiB.
+    #[arg(long, default_value_t = 1)]
+    tiny_cache_mb: u64,
+    /// g1's shards, sharing that budget.
+    #[arg(long, default_value_t = 32)]
+    tiny_shards: usize,
+    /// kill -9 a gateway this often, in seconds; 0 for never.
+    #[arg(long, default_value_t = 20.0)]
+    kill_every: f64,
+    /// How long a killed gateway stays down, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    kill_downtime_ms: u64,
+    /// Restart PostgreSQL this often, in seconds; 0 for never (default: 60,
+    /// or 0 with --failover-at).
+    #[arg(long)]
+    pg_restart_every: Option<f64>,
+    /// Run on a primary and a synchronous standby of the checker's own
+    /// (PostgreSQL's server programs, and as root the user `postgres`), stop
+    /// the primary immediately this far into the run (seconds) and promote
+    /// the standby; 0 for no failover.
+    #[arg(long, default_value_t = 0.0, conflicts_with = "database_url")]
+    failover_at: f64,
+    /// The short window in seconds, in force from 40 % to 60 % of the run;
+    /// 0 for no window change.
+    #[arg(long, default_value_t = 3.0)]
+    short_window: f64,
+    /// The queue's window outside the short period, in seconds (default:
+    /// 3600, or twice the run if longer).
+    #[arg(long)]
+    window: Option<f64>,
+    /// Each gateway's wall clock against PostgreSQL's, in gateway order,
+    /// comma-separated: seconds, with `:` between offsets the clock jumps
+    /// through at equal shares of the run (`+150`, `+7200:-7200`), `-` for
+    /// the machine's clock, `off` for none at all (default: with `--roles
+    /// faults`, `-,+2W:-2W,-2W:+2W` for a window W; otherwise off).
+    #[arg(long, allow_hyphen_values = true)]
+    clocks: Option<String>,
+    /// Use this database (default: a fresh one on STILE_TEST_DATABASE_URL's
+    /// server, dropped at the end).
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Faults between the gateways and PostgreSQL, or in it, each
+    /// NAME@SECONDS+SECONDS (when into the run, how long), comma-separated:
+    /// `latency`, `loss`, `partition` (through a fault proxy of the
+    /// checker's own), `reset@SECONDS` (every open connection aborted right
+    /// after its next request), `connections` (another client takes every
+    /// free connection), `row-lock` (of the partition written most in the
+    /// last 2 s), `table-lock` (stile.segments in SHARE mode), `disk-full` (a
+    /// tmpfs, which takes root); the connection and disk faults run on a
+    /// server of the checker's own.
+    #[arg(long)]
+    db_faults: Option<String>,
+    /// The latency fault's delay, each way, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    latency_ms: u64,
+    /// The latency fault's jitter, either side, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    jitter_ms: u64,
+    /// The loss fault's share of chunks lost, in percent.
+    #[arg(long, default_value_t = 5.0)]
+    loss_percent: f64,
+    /// Single-item pushes a second, open-loop, round robin over every
+    /// partition, which show what kept flowing through a row lock (default:
+    /// 20 with --db-faults, else 0).
+    #[arg(long)]
+    probe_rate: Option<f64>,
+}
+
+/// What the gateways of a run are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Roles {
+    /// g0 traps guest calls, g1 has a tiny cache, g2 is plain.
+    Faults,
+    /// Every gateway alike, with --cache-mb, --shards and --engine.
+    Plain,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.failover_at > 0.0 && args.pg_restart_every.is_some_and(|every| every > 0.0) {
+        eprintln!("checker: --failover-at runs on servers of its own: it takes no --pg-restart-every");
+        return ExitCode::from(2);
     }
-    let known = [
-        "seconds",
-        "seed",
-        "producers",
-        "steps-producers",
-        "rate",
-        "partitions",
-        "hot-partitions",
-        "hot-phase-ms",
-        "tiny-shards",
-        "max-batch",
-        "repeat-percent",
-        "shared-percent",
-        "gateways",
-        "traps-per-million",
-        "tiny-cache-mb",
-        "kill-every",
-        "kill-downtime-ms",
-        "pg-restart-every",
-        "failover-at",
-        "short-window",
-        "database-url",
-        "roles",
-        "cache-mb",
-        "shards",
-        "engine",
-        "window",
-        "clocks",
-        "db-faults",
-        "latency-ms",
-        "jitter-ms",
-        "loss-percent",
-        "probe-rate",
-    ];
-    if let Some(unknown) = options.keys().find(|k| !known.contains(&k.as_str())) {
-        eprintln!("checker: unknown option --{unknown}");
-        return std::process::ExitCode::from(2);
-    }
-    let number = |name: &str, default: f64| -> f64 {
-        options.get(name).map_or(default, |v| v.parse().unwrap_or_else(|e| panic!("--{name} {v}: {e}")))
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
-    let failover_at = number("failover-at", 0.0);
-    if failover_at > 0.0 && (options.contains_key("database-url") || number("pg-restart-every", 0.0) > 0.0) {
-        eprintln!("checker: --failover-at runs on servers of its own: it takes no --database-url nor --pg-restart-every");
-        return std::process::ExitCode::from(2);
-    }
     runtime.block_on(async {
-        let test_db = match options.get("database-url") {
-            Some(_) => None,
-            None if failover_at > 0.0 => None,
-            None => Some(TestDb::new().await),
+        let test_db = match (&args.database_url, args.failover_at > 0.0) {
+            (None, false) => Some(TestDb::new().await),
+            _ => None,
         };
-        let url = options.get("database-url").cloned().or_else(|| test_db.as_ref().map(TestDb::url)).unwrap_or_default();
-        let seconds = number("seconds", 300.0);
-        let mut config = Config::new(&url, Duration::from_secs_f64(seconds));
-        if let Some(seed) = options.get("seed") {
-            config.seed = seed.parse().unwrap_or_else(|e| panic!("--seed {seed}: {e}"));
-        }
-        config.producers = number("producers", 8.0) as usize;
-        config.steps_producers = number("steps-producers", 1.0) as usize;
-        config.rate = number("rate", 40.0);
-        config.partitions = number("partitions", 128.0) as usize;
-        config.hot_partitions = number("hot-partitions", 8.0) as usize;
-        config.hot_phase = Duration::from_millis(number("hot-phase-ms", 2000.0) as u64);
-        config.max_batch = number("max-batch", 8.0) as usize;
-        config.repeat_percent = number("repeat-percent", 15.0) as u32;
-        config.shared_percent = number("shared-percent", 4.0) as u32;
-        config.long_window_seconds = number("window", 3600.0_f64.max(seconds * 2.0)) as i32;
-        let count = number("gateways", 3.0) as usize;
-        config.gateways = match options.get("roles").map_or("faults", String::as_str) {
-            "faults" => {
-                let mut gateways = vec![
-                    GatewaySpec::traps("g0-traps", number("traps-per-million", 20_000.0) as u32),
-                    GatewaySpec::tiny_cache("g1-tiny", number("tiny-cache-mb", 1.0) as u64, number("tiny-shards", 32.0) as usize),
-                    GatewaySpec::plain("g2"),
-                ];
-                gateways.truncate(count.clamp(2, 3));
-                gateways
-            }
-            "plain" => (0..count.clamp(1, 3))
-                .map(|g| {
-                    let mut spec = GatewaySpec::plain(&format!("g{g}")).flag("cache-mb", number("cache-mb", 512.0) as u64);
-                    for flag in ["shards", "engine"] {
-                        if let Some(value) = options.get(flag) {
-                            spec = spec.flag(flag, value);
-                        }
-                    }
-                    spec
-                })
-                .collect(),
-            other => {
-                eprintln!("checker: --roles {other}: expected `faults` or `plain`");
-                return std::process::ExitCode::from(2);
+        let url = args.database_url.clone().or_else(|| test_db.as_ref().map(TestDb::url)).unwrap_or_default();
+        let config = match config(&args, &url) {
+            Ok(config) => config,
+            Err(error) => {
+                eprintln!("checker: {error:#}");
+                return ExitCode::from(2);
             }
         };
-        let window = i64::from(config.long_window_seconds);
-        let default_clocks = match options.get("roles").map_or("faults", String::as_str) {
-            "faults" => format!("-,+{}:-{},-{}:+{}", 2 * window, 2 * window, 2 * window, 2 * window),
-            _ => "off".to_owned(),
-        };
-        let clocks = options.get("clocks").cloned().unwrap_or(default_clocks);
-        if clocks != "off" {
-            for (spec, clock) in config.gateways.iter_mut().zip(clocks.split(',')) {
-                if clock.trim() == "-" {
-                    continue;
-                }
-                match checker::ClockSkew::parse(clock) {
-                    Ok(skew) => *spec = spec.clone().clock(skew),
-                    Err(error) => {
-                        eprintln!("checker: --clocks {clocks}: {error:#}");
-                        return std::process::ExitCode::from(2);
-                    }
-                }
-            }
-        }
-        let kill_every = number("kill-every", 20.0);
-        let pg_every = number("pg-restart-every", if failover_at > 0.0 { 0.0 } else { 60.0 });
-        let short = number("short-window", 3.0);
-        config.faults = Faults {
-            kill_every: (kill_every > 0.0).then(|| Duration::from_secs_f64(kill_every)),
-            kill_downtime: Duration::from_millis(number("kill-downtime-ms", 1000.0) as u64),
-            pg_restart_every: (pg_every > 0.0).then(|| Duration::from_secs_f64(pg_every)),
-            short_window: (short > 0.0).then_some(ShortWindow { seconds: short as i32, from: 0.4, to: 0.6 }),
-            failover_at: (failover_at > 0.0).then(|| Duration::from_secs_f64(failover_at)),
-            ..Faults::default()
-        };
-        config.probe_rate = number("probe-rate", if options.contains_key("db-faults") { 20.0 } else { 0.0 });
-        if let Some(list) = options.get("db-faults") {
-            let latency = Duration::from_millis(number("latency-ms", 50.0) as u64);
-            let jitter = Duration::from_millis(number("jitter-ms", 10.0) as u64);
-            if let Err(error) = config.faults.add_db_faults(list, latency, jitter, number("loss-percent", 5.0)) {
-                eprintln!("checker: --db-faults {list}: {error:#}");
-                return std::process::ExitCode::from(2);
-            }
-        }
         let report = match checker::run(&config).await {
             Ok(report) => report,
             Err(error) => {
                 eprintln!("checker: {error:#}");
-                return std::process::ExitCode::from(2);
+                return ExitCode::from(2);
             }
         };
         println!("{report}");
         drop(test_db);
         if report.violations.is_empty() && report.unexpected_exits.is_empty() && report.fault_errors.is_empty() {
-            std::process::ExitCode::SUCCESS
+            ExitCode::SUCCESS
         } else {
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     })
+}
+
+/// The run the flags describe, on the database at `url`.
+fn config(args: &Args, url: &str) -> anyhow::Result<Config> {
+    let mut config = Config::new(url, Duration::from_secs_f64(args.seconds));
+    if let Some(seed) = args.seed {
+        config.seed = seed;
+    }
+    config.producers = args.producers;
+    config.steps_producers = args.steps_producers;
+    config.rate = args.rate;
+    config.partitions = args.partitions;
+    config.hot_partitions = args.hot_partitions;
+    config.hot_phase = Duration::from_millis(args.hot_phase_ms);
+    config.max_batch = args.max_batch;
+    config.repeat_percent = args.repeat_percent;
+    config.shared_percent = args.shared_percent;
+    config.long_window_seconds = args.window.unwrap_or(3600.0_f64.max(args.seconds * 2.0)) as i32;
+    config.gateways = gateways(args);
+    set_clocks(args, &mut config)?;
+    let pg_every = args.pg_restart_every.unwrap_or(if args.failover_at > 0.0 { 0.0 } else { 60.0 });
+    let seconds = |s: f64| (s > 0.0).then(|| Duration::from_secs_f64(s));
+    config.faults = Faults {
+        kill_every: seconds(args.kill_every),
+        kill_downtime: Duration::from_millis(args.kill_downtime_ms),
+        pg_restart_every: seconds(pg_every),
+        short_window: (args.short_window > 0.0).then_some(ShortWindow { seconds: args.short_window as i32, from: 0.4, to: 0.6 }),
+        failover_at: seconds(args.failover_at),
+        ..Faults::default()
+    };
+    config.probe_rate = args.probe_rate.unwrap_or(if args.db_faults.is_some() { 20.0 } else { 0.0 });
+    if let Some(list) = &args.db_faults {
+        let latency = Duration::from_millis(args.latency_ms);
+        let jitter = Duration::from_millis(args.jitter_ms);
+        config
+            .faults
+            .add_db_faults(list, latency, jitter, args.loss_percent)
+            .map_err(|error| error.context(format!("--db-faults {list}")))?;
+    }
+    Ok(config)
+}
+
+fn gateways(args: &Args) -> Vec<GatewaySpec> {
+    match args.roles {
+        Roles::Faults => {
+            let mut gateways = vec![
+                GatewaySpec::traps("g0-traps", args.traps_per_million),
+                GatewaySpec::tiny_cache("g1-tiny", args.tiny_cache_mb, args.tiny_shards),
+                GatewaySpec::plain("g2"),
+            ];
+            gateways.truncate(args.gateways.clamp(2, 3));
+            gateways
+        }
+        Roles::Plain => (0..args.gateways.clamp(1, 3))
+            .map(|g| {
+                let mut spec = GatewaySpec::plain(&format!("g{g}")).flag("cache-mb", args.cache_mb);
+                if let Some(shards) = args.shards {
+                    spec = spec.flag("shards", shards);
+                }
+                if let Some(engine) = &args.engine {
+                    spec = spec.flag("engine", engine);
+                }
+                spec
+            })
+            .collect(),
+    }
+}
+
+/// Sets each gateway's clock from `--clocks` (or the roles' default).
+fn set_clocks(args: &Args, config: &mut Config) -> anyhow::Result<()> {
+    let window = i64::from(config.long_window_seconds);
+    let clocks = match (&args.clocks, args.roles) {
+        (Some(clocks), _) => clocks.clone(),
+        (None, Roles::Faults) => format!("-,+{}:-{},-{}:+{}", 2 * window, 2 * window, 2 * window, 2 * window),
+        (None, Roles::Plain) => "off".to_owned(),
+    };
+    if clocks == "off" {
+        return Ok(());
+    }
+    for (spec, clock) in config.gateways.iter_mut().zip(clocks.split(',')) {
+        if clock.trim() == "-" {
+            continue;
+        }
+        let skew = ClockSkew::parse(clock).map_err(|error| error.context(format!("--clocks {clocks}")))?;
+        *spec = spec.clone().clock(skew);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn the_flags_are_consistent_and_listed_by_help() {
+        Args::command().debug_assert();
+        let help = Args::command().render_long_help().to_string();
+        for flag in ["--db-faults", "--failover-at", "--clocks", "--probe-rate"] {
+            assert!(help.contains(flag), "--help does not list {flag}");
+        }
+    }
+
+    #[test]
+    fn the_roles_default_clocks_skew_two_gateways_by_two_windows() {
+        let args = Args::parse_from(["checker", "--seconds", "10", "--window", "60"]);
+        let config = config(&args, "postgres://x").expect("a config");
+        assert_eq!(config.long_window_seconds, 60);
+        assert_eq!(config.gateways.len(), 3);
+        let skews: Vec<bool> = config.gateways.iter().map(|g| g.clock.is_some()).collect();
+        assert_eq!(skews, [false, true, true]);
+        let bad = Args::parse_from(["checker", "--clocks", "-,nonsense"]);
+        assert!(config_error(&bad).contains("--clocks"), "{}", config_error(&bad));
+    }
+
+    fn config_error(args: &Args) -> String {
+        format!("{:#}", config(args, "postgres://x").expect_err("refused"))
+    }
 }
