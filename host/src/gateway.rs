@@ -304,7 +304,8 @@ pub fn shard_of(partition_id: i64, shards: usize) -> usize {
 
 /// Layer 1 over one request: which items lead, grouped by partition, and
 /// which item each repeat follows.
-struct RequestPlan {
+#[derive(Debug)]
+pub struct RequestPlan {
     items: Vec<PushItem>,
     /// One message per item (followers' are unused).
     messages: Vec<Message>,
@@ -314,7 +315,9 @@ struct RequestPlan {
 }
 
 impl RequestPlan {
-    fn new(items: Vec<PushItem>) -> RequestPlan {
+    /// Plans a validated request: a message for each item, its leader, and
+    /// the leaders of each partition.
+    pub fn new(items: Vec<PushItem>) -> RequestPlan {
         let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::new();
         let mut groups: HashMap<(String, String), Vec<usize>> = HashMap::new();
         let mut messages = Vec::with_capacity(items.len());
@@ -338,7 +341,9 @@ impl RequestPlan {
         RequestPlan { items, messages, leader_of, groups }
     }
 
-    fn answer(&self, leader_outcomes: &[Option<Outcome>]) -> Vec<PushResult> {
+    /// Every item's answer, in order, from its leader's outcome (indexed by
+    /// item; `None` for followers).
+    pub fn answer(&self, leader_outcomes: &[Option<Outcome>]) -> Vec<PushResult> {
         self.items
             .iter()
             .enumerate()
