@@ -1,9 +1,11 @@
-//! Reading a push body: MB/s of the gateway's push-body parser on the bodies
-//! `load` sends (its `write_push_body`: 1 and 100 items, payloads of about
-//! 60 bytes), beside serde_json's own syntax check of the same bytes
-//! (`from_slice::<IgnoredAny>`, which builds and validates nothing else), and
-//! the allocations the request path makes without the network: parsing,
-//! layer 1's plan (`RequestPlan::new`) and the answers it builds.
+//! Reading a push body: MB/s of the gateway's push-body reader (one pass) and
+//! of the stepwise serde_json reading it replaced, on the bodies `load` sends
+//! (its `write_push_body`: 1 and 100 items, payloads of about 60 bytes),
+//! beside serde_json's own syntax check of the same bytes
+//! (`from_slice::<IgnoredAny>`, which builds and validates nothing else) and
+//! the UTF-8 check the reader starts with; and the allocations the request
+//! path makes without the network: parsing, layer 1's plan
+//! (`RequestPlan::new`) and the answers it builds.
 //!
 //! Allocations are counted by a counting global allocator over mimalloc (the
 //! gateway's allocator); every candidate runs under it, so its cost is the
@@ -74,6 +76,9 @@ struct Args {
     /// The batch sizes (items per request).
     #[arg(long, value_delimiter = ',', default_values_t = [1, 100])]
     sizes: Vec<usize>,
+    /// Only the readers whose name holds this text (for a profile of one).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 /// A way to read a body: it answers how many items it found (checked against
@@ -87,11 +92,25 @@ const MAX_ITEMS: usize = 10_000;
 
 fn candidates() -> Vec<Candidate> {
     vec![
-        Candidate { name: "stile::api::parse_push", read: |body| stile::api::parse_push(body, MAX_ITEMS).expect("valid").len() },
+        Candidate {
+            name: "stile::api::parse_push (one pass)",
+            read: |body| stile::api::parse_push(body, MAX_ITEMS).expect("valid").len(),
+        },
+        Candidate {
+            name: "stile::push_stepwise::parse_push",
+            read: |body| stile::push_stepwise::parse_push(body, MAX_ITEMS).expect("valid").len(),
+        },
         Candidate {
             name: "serde_json IgnoredAny",
             read: |body| {
                 serde_json::from_slice::<serde::de::IgnoredAny>(body).expect("valid");
+                0
+            },
+        },
+        Candidate {
+            name: "std::str::from_utf8",
+            read: |body| {
+                std::str::from_utf8(body).expect("valid");
                 0
             },
         },
@@ -137,9 +156,8 @@ fn request_path_allocations(body: &Bytes) -> (u64, u64, u64) {
     let (parse, items) = allocations_during(|| stile::api::parse_push(body, MAX_ITEMS).expect("valid"));
     let count = items.len();
     let (plan, plan_made) = allocations_during(|| RequestPlan::new(items));
-    let outcomes: Vec<Option<Outcome>> = (0..count)
-        .map(|offset| Some(Outcome::Queued { message_id: Uuid::now_v7(), offset: offset as i64 }))
-        .collect();
+    let outcomes: Vec<Option<Outcome>> =
+        (0..count).map(|offset| Some(Outcome::Queued { message_id: Uuid::now_v7(), offset: offset as i64 })).collect();
     let (answer, answers) = allocations_during(|| plan_made.answer(&outcomes));
     drop(answers);
     (parse, plan, answer)
@@ -147,7 +165,8 @@ fn request_path_allocations(body: &Bytes) -> (u64, u64, u64) {
 
 fn main() {
     let args = Args::parse();
-    let candidates = candidates();
+    let candidates: Vec<Candidate> =
+        candidates().into_iter().filter(|c| args.only.as_ref().is_none_or(|only| c.name.contains(only.as_str()))).collect();
     println!("# parse_bench: {} rounds of {} ms per candidate and size; {}", args.rounds, args.millis, machine());
     for &size in &args.sizes {
         let bodies = bodies(size, 256);
@@ -174,8 +193,10 @@ fn main() {
             println!("| {} | {mb_s:.0} | {ns_per_item:.0} | {lo:.0}-{hi:.0} |", candidate.name);
         }
         let (parse, plan, answer) = request_path_allocations(&bodies[0]);
+        let (stepwise, _) = allocations_during(|| stile::push_stepwise::parse_push(&bodies[0], MAX_ITEMS).expect("valid"));
         let per = |n: u64| n as f64 / size as f64;
         println!();
+        println!("allocations per item of the stepwise reading: {:.2}", per(stepwise));
         println!(
             "allocations per item: parse {:.2}, layer-1 plan {:.2}, answers {:.2}; all {:.2} ({} per request)",
             per(parse),
