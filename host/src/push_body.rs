@@ -34,7 +34,7 @@ use bytestring::ByteString;
 use serde_json::value::RawValue;
 use unicode_normalization::UnicodeNormalization as _;
 
-use crate::api::{BadRequest, DEFAULT_PARTITION, MAX_TRANSACTION_ID_BYTES, validate_name};
+use crate::api::{BadRequest, DEFAULT_PARTITION, MAX_NAME_BYTES, MAX_TRANSACTION_ID_BYTES, validate_name};
 use crate::payload::Payload;
 use crate::push_stepwise;
 
@@ -451,8 +451,7 @@ impl<'a> Reader<'a> {
         let mut payload = None;
         if !self.close(b'}') {
             loop {
-                let key = self.key()?;
-                match field(&key) {
+                match self.field()? {
                     Field::Queue if queue.is_none() => queue = Some(self.name()?),
                     Field::Partition if partition.is_none() => {
                         partition = Some(if self.null() { None } else { Some(self.name()?) });
@@ -482,6 +481,28 @@ impl<'a> Reader<'a> {
         })
     }
 
+    /// An item's key and the colon after it: which field it names. The
+    /// fields' own names, written without escapes, are matched as they
+    /// stand; any other key is decoded first.
+    fn field(&mut self) -> Option<Field> {
+        const NAMED: [(&[u8], Field); 4] = [
+            (b"\"queue\"", Field::Queue),
+            (b"\"partition\"", Field::Partition),
+            (b"\"transactionId\"", Field::TransactionId),
+            (b"\"payload\"", Field::Payload),
+        ];
+        let rest = &self.bytes[self.pos..];
+        let Some(&(name, field)) = NAMED.iter().find(|(name, _)| rest.starts_with(name)) else {
+            let key = self.key()?;
+            return Some(field_named(&key));
+        };
+        self.pos += name.len();
+        self.whitespace();
+        self.expect(b':')?;
+        self.whitespace();
+        Some(field)
+    }
+
     /// Whether a `null` is next (then consumed).
     fn null(&mut self) -> bool {
         if self.bytes.get(self.pos..self.pos + 4) == Some(b"null") {
@@ -492,18 +513,29 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A decoded string value: a view of the body unless it holds an escape.
-    fn decoded_string(&mut self) -> Option<ByteString> {
+    /// A decoded string value, a view of the body unless it holds an
+    /// escape, and whether it did.
+    fn decoded_string(&mut self) -> Option<(ByteString, bool)> {
         self.expect(b'"')?;
         let start = self.pos;
         let escaped = self.string(Check::Decode)?;
         let raw = &self.bytes[start..self.pos - 1];
-        Some(if escaped { ByteString::from(unescape(raw)) } else { self.body.slice_ref(&self.body[start..self.pos - 1]) })
+        Some(if escaped {
+            (ByteString::from(unescape(raw)), true)
+        } else {
+            (self.body.slice_ref(&self.body[start..self.pos - 1]), false)
+        })
     }
 
     /// A queue or partition name, under `api::checked_name`'s rules.
     fn name(&mut self) -> Option<ByteString> {
-        let name = self.decoded_string()?;
+        let (name, escaped) = self.decoded_string()?;
+        if !escaped && name.is_ascii() {
+            // ASCII is in NFC, and a string without escapes holds no control
+            // character but DEL: the scan refuses the others.
+            let fits = !name.is_empty() && name.len() <= MAX_NAME_BYTES && !name.as_bytes().contains(&0x7f);
+            return fits.then_some(name);
+        }
         let name = if name.is_ascii() {
             name
         } else {
@@ -518,12 +550,14 @@ impl<'a> Reader<'a> {
 
     /// A transactionId, under `api::validate_transaction_id`'s rules.
     fn transaction_id(&mut self) -> Option<ByteString> {
-        let id = self.decoded_string()?;
-        (!id.is_empty() && id.len() <= MAX_TRANSACTION_ID_BYTES && !id.contains('\0')).then_some(id)
+        let (id, escaped) = self.decoded_string()?;
+        // Only an escape can put U+0000 in a string: the scan refuses it raw.
+        let fits = !id.is_empty() && id.len() <= MAX_TRANSACTION_ID_BYTES && !(escaped && id.contains('\0'));
+        fits.then_some(id)
     }
 }
 
-fn field(key: &Key<'_>) -> Field {
+fn field_named(key: &Key<'_>) -> Field {
     let matches = |name: &[u8]| key.is(name);
     if matches(b"queue") {
         Field::Queue
