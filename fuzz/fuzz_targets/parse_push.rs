@@ -9,7 +9,7 @@
 //! serde_json, bytes, bytestring, unicode-normalization and thiserror only),
 //! so that the instrumented build
 //! does not have to build wasmtime and the component for the `stile` crate
-//! around it: the code under test is the same file.
+//! around it: the code under test is the same files.
 //!
 //! Input: the first byte picks `max_items` (1 to 16) and whether `*` in the
 //! body expands to 8,191 `a`s, so that the fuzzer can reach the 65,535-byte

@@ -10,13 +10,16 @@
 //! the body, not a copy. Only a name or id written with escapes, or a name
 //! not in NFC, is decoded into a buffer of its own.
 //!
-//! It is written by hand because none of the candidates reads a body in one
-//! pass while both keeping each payload's text and validating it fully:
-//! serde_json can borrow strings and capture a value's text (`RawValue`), but
-//! a captured value is only checked for syntax, so a payload has to be
-//! scanned again to be decoded (that is what [`push_stepwise`] does);
-//! simd-json parses in place and needs a mutable copy of the body; sonic-rs
-//! skips unread values without validating them. The reader's speed beside
+//! It is written by hand because it must keep each payload's text and
+//! validate it fully in the same scan, and reach exactly serde_json's
+//! verdicts (the stepwise reading is the reference). serde_json can borrow
+//! strings and capture a value's text (`RawValue`), but a captured value is
+//! only checked for syntax, so a payload has to be scanned again to be
+//! decoded: that is the stepwise reading, measured beside this one. simd-json
+//! parses in place, so every body would need a mutable copy; and any other
+//! parser's own rules for numbers and skipped values would have to be
+//! reconciled with serde_json's. Where serde_json's rounding decides (a number
+//! near the largest double), this reader asks serde_json. Its speed beside
 //! serde_json's own syntax check of the same bytes is in
 //! `bench/parse/RESULTS.md`.
 //!
@@ -594,7 +597,7 @@ impl Nesting {
 
     fn push(&mut self, object: bool) {
         let level = self.depth;
-        if level >= 64 && level % 64 == 0 {
+        if level >= 64 && level.is_multiple_of(64) {
             self.deeper.push(0);
         }
         let word = if level < 64 { &mut self.inline } else { &mut self.deeper[level / 64 - 1] };
@@ -604,7 +607,7 @@ impl Nesting {
 
     fn pop(&mut self) {
         self.depth -= 1;
-        if self.depth >= 64 && self.depth % 64 == 0 {
+        if self.depth >= 64 && self.depth.is_multiple_of(64) {
             self.deeper.pop();
         }
     }
