@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Bounded fuzzing of stile's cargo-fuzz targets (see fuzz/README.md):
 #   cache_ops   the cache core's operation sequences against no-false-vouch
-#   parse_push  the push-body parser: no panic, and the limits hold
+#   parse_push       the push-body parser: no panic, and the limits hold
+#   parse_push_diff  the one-pass push-body reader against the stepwise
+#                    serde_json reading: same verdicts, items and messages
 #
 #   fuzz/run.sh [SECONDS_PER_TARGET]      (default 30, or $FUZZ_SECONDS)
 #
@@ -33,15 +35,17 @@ fi
 mkdir -p logs
 failed=0
 summary=()
-for target in cache_ops parse_push; do
+for target in cache_ops parse_push parse_push_diff; do
+    # parse_push_diff shares parse_push's seeds and dictionary.
+    inputs="${target%_diff}"
     mkdir -p "corpus/$target"
     extra=()
     dirs=("corpus/$target")
-    if [ -d "seeds/$target" ]; then
-        dirs+=("seeds/$target")
+    if [ -d "seeds/$inputs" ]; then
+        dirs+=("seeds/$inputs")
     fi
-    if [ -f "$target.dict" ]; then
-        extra+=("-dict=$PWD/$target.dict")
+    if [ -f "$inputs.dict" ]; then
+        extra+=("-dict=$PWD/$inputs.dict")
     fi
     log="logs/$target.log"
     echo "fuzz: $target for ${seconds}s (log: fuzz/$log)"

@@ -3,11 +3,13 @@
 //! of 1 to 255 bytes without control characters; a transactionId, when
 //! given, of 1 to 65,535 bytes.
 //!
-//! The parser is `host/src/api.rs` (with `host/src/payload.rs`), compiled
-//! here as modules of their own (they depend on serde, serde_json and
-//! thiserror only), so that the instrumented build
+//! The parser is `host/src/push_body.rs` (with `host/src/api.rs`,
+//! `host/src/payload.rs` and `host/src/push_stepwise.rs`, which names its
+//! refusals), compiled here as modules of their own (they depend on serde,
+//! serde_json, bytes, bytestring, unicode-normalization and thiserror only),
+//! so that the instrumented build
 //! does not have to build wasmtime and the component for the `stile` crate
-//! around it: the code under test is the same file.
+//! around it: the code under test is the same files.
 //!
 //! Input: the first byte picks `max_items` (1 to 16) and whether `*` in the
 //! body expands to 8,191 `a`s, so that the fuzzer can reach the 65,535-byte
@@ -23,6 +25,12 @@ mod api;
 #[allow(dead_code, clippy::all)]
 #[path = "../../host/src/payload.rs"]
 mod payload;
+#[allow(dead_code, clippy::all)]
+#[path = "../../host/src/push_body.rs"]
+mod push_body;
+#[allow(dead_code, clippy::all)]
+#[path = "../../host/src/push_stepwise.rs"]
+mod push_stepwise;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, body)) = data.split_first() else { return };
@@ -42,6 +50,7 @@ fuzz_target!(|data: &[u8]| {
     } else {
         body
     };
+    let body = &bytes::Bytes::copy_from_slice(body);
     match api::parse_push(body, max_items) {
         Ok(items) => {
             assert!(!items.is_empty() && items.len() <= max_items, "{} items accepted with max_items {max_items}", items.len());
@@ -73,7 +82,7 @@ fuzz_target!(|data: &[u8]| {
             let sent = value["items"].as_array().expect("accepted bodies have an items array");
             assert_eq!(sent.len(), items.len());
             for (sent, item) in sent.iter().zip(&items) {
-                assert_eq!(sent["queue"].as_str(), Some(item.queue.as_str()));
+                assert_eq!(sent["queue"].as_str(), Some(&*item.queue));
                 assert_eq!(sent.get("transactionId").and_then(|t| t.as_str()), item.transaction_id.as_deref());
                 // The payload is kept as text that means what was sent.
                 let payload: serde_json::Value = serde_json::from_str(item.payload.get()).expect("a payload is JSON");

@@ -4,10 +4,9 @@
 //! input is refused with a 4xx naming the field (and the item's index) and
 //! nothing of that request is written.
 
-use std::fmt::{self, Display};
+use std::fmt::Display;
 
-use serde::{Deserialize, Deserializer};
-use serde_json::value::RawValue;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use unicode_normalization::UnicodeNormalization as _;
 
@@ -40,132 +39,7 @@ impl BadRequest {
     }
 }
 
-/// One validated item of a push.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PushItem {
-    pub queue: String,
-    pub partition: String,
-    /// Stored as sent; `null` when the item has none.
-    pub payload: Payload,
-    /// `None` when the producer sent none: the gateway then uses the message id.
-    pub transaction_id: Option<String>,
-}
-
-/// Parses and validates a `POST /api/v1/push` body.
-///
-/// The body is read as raw JSON values first (validated, not built), and only
-/// the fields the gateway needs are decoded: a payload is kept as the text the
-/// producer sent (see [`Payload`]).
-pub fn parse_push(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, BadRequest> {
-    let root: &RawValue = parse_json(body)?;
-    if raw_type_name(root) != OBJECT {
-        return Err(BadRequest::new("body: expected a JSON object with an \"items\" array"));
-    }
-    let root: RawPush<'_> = fields("body", root)?;
-    let items = match root.items {
-        Some(items) if raw_type_name(items) == ARRAY => items,
-        Some(other) => return Err(BadRequest::new(format!("items: expected an array, got {}", raw_type_name(other)))),
-        None => return Err(BadRequest::new("items: missing")),
-    };
-    parse_items("", items, max_items)
-}
-
-/// Parses a non-empty JSON array of push items (whose type the caller has
-/// checked). Errors name each field as `{at}items[3].queue`.
-pub fn parse_items(at: &str, items: &RawValue, max_items: usize) -> Result<Vec<PushItem>, BadRequest> {
-    let items: Vec<&RawValue> = fields(format_args!("{at}items"), items)?;
-    if items.is_empty() {
-        return Err(BadRequest::new(format!("{at}items: must not be empty")));
-    }
-    if items.len() > max_items {
-        return Err(BadRequest::too_large(format!(
-            "{at}items: {} items exceed the limit of {max_items} per request",
-            items.len()
-        )));
-    }
-    items.into_iter().enumerate().map(|(index, item)| parse_item(at, index, item)).collect()
-}
-
-/// The fields of a push body the API reads, each as raw JSON: `None` when
-/// absent (a JSON `null` is a value here, so that it can be refused by name).
-#[derive(Deserialize)]
-struct RawPush<'a> {
-    #[serde(borrow, default, deserialize_with = "present")]
-    items: Option<&'a RawValue>,
-}
-
-/// The fields of a push item the API reads; others are ignored.
-#[derive(Deserialize)]
-struct RawItem<'a> {
-    #[serde(borrow, default, deserialize_with = "present")]
-    queue: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    partition: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present", rename = "transactionId")]
-    transaction_id: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    payload: Option<&'a RawValue>,
-}
-
-fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue>::deserialize(deserializer).map(Some)
-}
-
-/// Decodes `raw`, whose JSON type the caller has checked, as `T`; what can
-/// still fail (a field given twice) is refused naming `field`.
-fn fields<'a, T: Deserialize<'a>>(field: impl Display, raw: &'a RawValue) -> Result<T, BadRequest> {
-    serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: {error}")))
-}
-
-fn parse_item(at: &str, index: usize, item: &RawValue) -> Result<PushItem, BadRequest> {
-    if raw_type_name(item) != OBJECT {
-        return Err(BadRequest::new(format!("{at}items[{index}]: expected an object, got {}", raw_type_name(item))));
-    }
-    let field = |name| ItemField { at, index, name };
-    let item: RawItem<'_> = fields(format_args!("{at}items[{index}]"), item)?;
-    let queue = match item.queue {
-        Some(raw) => raw_name(field("queue"), raw)?,
-        None => return Err(BadRequest::new(format!("{}: missing", field("queue")))),
-    };
-    let partition = match item.partition {
-        Some(raw) if raw_type_name(raw) != NULL => raw_name(field("partition"), raw)?,
-        _ => DEFAULT_PARTITION.to_owned(),
-    };
-    let transaction_id = match item.transaction_id {
-        Some(raw) if raw_type_name(raw) == STRING => {
-            let field = field("transactionId");
-            let id = decode_string(field, raw)?;
-            validate_transaction_id(field, &id)?;
-            Some(id)
-        }
-        Some(raw) if raw_type_name(raw) != NULL => {
-            return Err(BadRequest::new(format!("{}: expected a string, got {}", field("transactionId"), raw_type_name(raw))));
-        }
-        _ => None,
-    };
-    let payload = match item.payload {
-        None => Payload::null(),
-        Some(raw) => {
-            Payload::checked(raw).map_err(|error| BadRequest::new(format!("{}: malformed JSON ({error})", field("payload"))))?
-        }
-    };
-    Ok(PushItem { queue, partition, payload, transaction_id })
-}
-
-/// A field of a push item, named in error messages as `items[3].queue`.
-/// Formatted only when an error names it: a valid item costs no string.
-#[derive(Clone, Copy)]
-struct ItemField<'a> {
-    at: &'a str,
-    index: usize,
-    name: &'a str,
-}
-
-impl Display for ItemField<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}items[{}].{}", self.at, self.index, self.name)
-    }
-}
+pub use crate::push_body::{PushItem, parse_items, parse_push};
 
 /// Checks a transactionId: non-empty, at most [`MAX_TRANSACTION_ID_BYTES`],
 /// without U+0000. It is compared byte for byte, never normalised: an id is
@@ -213,21 +87,6 @@ pub fn name_value(field: impl Display + Copy, value: Value) -> Result<String, Ba
     }
 }
 
-/// Validates a queue or partition name given as raw JSON.
-fn raw_name(field: impl Display + Copy, raw: &RawValue) -> Result<String, BadRequest> {
-    if raw_type_name(raw) != STRING {
-        return Err(BadRequest::new(format!("{field}: expected a string, got {}", raw_type_name(raw))));
-    }
-    checked_name(field, decode_string(field, raw)?)
-}
-
-/// The string a raw JSON string holds. Capturing the raw value checked its
-/// syntax only: an escape may still name no character (a lone surrogate).
-fn decode_string(field: impl Display, raw: &RawValue) -> Result<String, BadRequest> {
-    debug_assert_eq!(raw_type_name(raw), STRING);
-    serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: malformed JSON string ({error})")))
-}
-
 /// A queue or partition name, validated and in Unicode's composed form
 /// (NFC): names that differ only in how an accented letter is encoded name
 /// one queue. Non-empty, at most 255 bytes (once composed), no control
@@ -243,7 +102,7 @@ pub fn checked_name(field: impl Display, name: String) -> Result<String, BadRequ
 }
 
 /// [`checked_name`]'s rules, on a name already composed.
-fn validate_name(field: impl Display, name: &str) -> Result<(), BadRequest> {
+pub(crate) fn validate_name(field: impl Display, name: &str) -> Result<(), BadRequest> {
     if name.is_empty() {
         return Err(BadRequest::new(format!("{field}: must not be empty")));
     }
@@ -323,23 +182,10 @@ pub(crate) fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Ba
     })
 }
 
-const NULL: &str = "null";
-const STRING: &str = "a string";
-const ARRAY: &str = "an array";
-const OBJECT: &str = "an object";
-
-/// A raw value's JSON type, for error messages, from its first byte (a raw
-/// value starts at its first character, never at whitespace).
-fn raw_type_name(raw: &RawValue) -> &'static str {
-    match raw.get().as_bytes().first() {
-        Some(b'{') => OBJECT,
-        Some(b'[') => ARRAY,
-        Some(b'"') => STRING,
-        Some(b't' | b'f') => "a boolean",
-        Some(b'n') => NULL,
-        _ => "a number",
-    }
-}
+pub(crate) const NULL: &str = "null";
+pub(crate) const STRING: &str = "a string";
+pub(crate) const ARRAY: &str = "an array";
+pub(crate) const OBJECT: &str = "an object";
 
 /// A value's JSON type, for error messages.
 pub fn type_name(value: &Value) -> &'static str {
@@ -358,7 +204,7 @@ mod tests {
     use super::*;
 
     fn push(body: &str) -> Result<Vec<PushItem>, BadRequest> {
-        parse_push(body.as_bytes(), 10)
+        parse_push(&bytes::Bytes::copy_from_slice(body.as_bytes()), 10)
     }
 
     #[test]
@@ -412,7 +258,7 @@ mod tests {
         assert_eq!(items[0].transaction_id.as_deref(), Some("t\"1"));
         assert_eq!(items[0].payload.get(), r#"{"n": 123456789012345678901234567890, "s": "\u00e9" }"#);
         assert_eq!(items[1].payload, Payload::null());
-        assert_eq!((items[2].partition.as_str(), items[2].transaction_id.as_deref()), (DEFAULT_PARTITION, None));
+        assert_eq!((&*items[2].partition, items[2].transaction_id.as_deref()), (DEFAULT_PARTITION, None));
         assert_eq!(items[2].payload.get(), "[ 1 , 2 ]");
     }
 

@@ -7,14 +7,16 @@
 
 use std::collections::HashMap;
 
-use crate::payload::Payload;
+use bytestring::ByteString;
 use uuid::Uuid;
+
+use crate::payload::Payload;
 
 /// A message as the shard pushes it: a layer-1 leader of its request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Message {
     pub message_id: Uuid,
-    pub transaction_id: String,
+    pub transaction_id: ByteString,
     pub hash: [u8; 16],
     pub payload: Payload,
 }
@@ -145,7 +147,7 @@ mod tests {
     fn message(id: &str) -> Message {
         Message {
             message_id: Uuid::now_v7(),
-            transaction_id: id.to_owned(),
+            transaction_id: id.into(),
             hash: crate::hash::txn_hash(id),
             payload: Payload::null(),
         }
@@ -173,7 +175,7 @@ mod tests {
     }
 
     fn names(pieces: &[CoalescedSegment]) -> Vec<Vec<&str>> {
-        pieces.iter().map(|p| p.slots.iter().map(|s| s.message.transaction_id.as_str()).collect()).collect()
+        pieces.iter().map(|p| p.slots.iter().map(|s| &*s.message.transaction_id).collect()).collect()
     }
 
     #[test]

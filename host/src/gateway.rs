@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytestring::ByteString;
 use deadpool_postgres::GenericClient;
 use futures::future::try_join_all;
 use tokio::sync::Notify;
@@ -34,9 +35,9 @@ const METADATA_CAP: usize = 100_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PushResult {
     pub message_id: Uuid,
-    pub transaction_id: String,
-    pub queue: String,
-    pub partition: String,
+    pub transaction_id: ByteString,
+    pub queue: ByteString,
+    pub partition: ByteString,
     pub offset: i64,
     pub duplicate: bool,
 }
@@ -241,9 +242,9 @@ impl Gateway {
                 let stored_now = message_id == push.message_id && leader == index;
                 PushResult {
                     message_id,
-                    transaction_id: push.transaction_id,
-                    queue: push.queue,
-                    partition: push.partition,
+                    transaction_id: push.transaction_id.into(),
+                    queue: push.queue.into(),
+                    partition: push.partition.into(),
                     offset,
                     duplicate: !stored_now,
                 }
@@ -338,31 +339,35 @@ pub fn shard_of(partition_id: i64, shards: usize) -> usize {
 
 /// Layer 1 over one request: which items lead, grouped by partition, and
 /// which item each repeat follows.
-struct RequestPlan {
+#[derive(Debug)]
+pub struct RequestPlan {
     items: Vec<PushItem>,
     /// One message per item (followers' are unused).
     messages: Vec<Message>,
     /// For every item, the item that leads it (itself for a leader).
     leader_of: Vec<usize>,
-    groups: HashMap<(String, String), Vec<usize>>,
+    groups: HashMap<(ByteString, ByteString), Vec<usize>>,
 }
 
 impl RequestPlan {
-    fn new(items: Vec<PushItem>) -> RequestPlan {
+    /// Plans a validated request: a message for each item, its leader, and
+    /// the leaders of each partition.
+    pub fn new(items: Vec<PushItem>) -> RequestPlan {
         let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::new();
-        let mut groups: HashMap<(String, String), Vec<usize>> = HashMap::new();
+        let mut groups: HashMap<(ByteString, ByteString), Vec<usize>> = HashMap::new();
         let mut messages = Vec::with_capacity(items.len());
         let mut leader_of = Vec::with_capacity(items.len());
         for item in &items {
             let message_id = Uuid::now_v7();
-            let transaction_id = item.transaction_id.clone().unwrap_or_else(|| message_id.to_string());
+            let transaction_id = item.transaction_id.clone().unwrap_or_else(|| ByteString::from(message_id.to_string()));
             messages.push(Message { message_id, hash: txn_hash(&transaction_id), transaction_id, payload: item.payload.clone() });
         }
+        let repeats_possible = items.len() > 1;
         for (index, item) in items.iter().enumerate() {
             let leader = match &item.transaction_id {
+                Some(id) if repeats_possible => *seen.entry((&item.queue, &item.partition, id)).or_insert(index),
                 // No id: the message id stands in, new every time.
-                None => index,
-                Some(id) => *seen.entry((&item.queue, &item.partition, id)).or_insert(index),
+                _ => index,
             };
             leader_of.push(leader);
             if leader == index {
@@ -372,7 +377,9 @@ impl RequestPlan {
         RequestPlan { items, messages, leader_of, groups }
     }
 
-    fn answer(&self, leader_outcomes: &[Option<Outcome>]) -> Vec<PushResult> {
+    /// Every item's answer, in order, from its leader's outcome (indexed by
+    /// item; `None` for followers).
+    pub fn answer(&self, leader_outcomes: &[Option<Outcome>]) -> Vec<PushResult> {
         self.items
             .iter()
             .enumerate()
@@ -420,7 +427,7 @@ mod tests {
             item("q", "p", None),
         ]);
         assert_eq!(plan.leader_of, vec![0, 0, 2, 3, 4]);
-        assert_eq!(plan.groups[&("q".to_owned(), "p".to_owned())], vec![0, 3, 4]);
+        assert_eq!(plan.groups[&(ByteString::from("q"), ByteString::from("p"))], vec![0, 3, 4]);
         let first = Uuid::now_v7();
         let outcomes = vec![
             Some(Outcome::Queued { message_id: first, offset: 7 }),

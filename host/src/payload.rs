@@ -5,25 +5,25 @@
 //! between the request and the flush that writes it, rather than a tree of
 //! maps and strings that would be built, cloned for the flush and encoded
 //! again: at batches of ten, building, cloning and dropping those trees was
-//! about a fifth of the gateway's CPU. The text is also stored exactly as
-//! sent, numbers included (a tree would have rounded a large integer to a
-//! float).
+//! about a fifth of the gateway's CPU. A pushed payload is a view of the
+//! request's body (no copy of it is made), and it is stored exactly as sent,
+//! numbers included (a tree would have rounded a large integer to a float).
 
 use std::fmt;
-use std::sync::Arc;
 
+use bytestring::ByteString;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
 /// A validated JSON value, as text.
 #[derive(Clone)]
-pub struct Payload(Arc<RawValue>);
+pub struct Payload(ByteString);
 
 impl Payload {
     /// The payload of an item that has none.
     pub fn null() -> Payload {
-        Payload::from(RawValue::NULL.to_owned())
+        Payload(ByteString::from_static("null"))
     }
 
     /// A copy of `raw` once it has passed what a full decode checks: every
@@ -32,30 +32,42 @@ impl Payload {
     /// `json` would take the rest, but a reader decoding it could not.
     pub fn checked(raw: &RawValue) -> Result<Payload, serde_json::Error> {
         serde_json::from_str::<Checked>(raw.get())?;
-        Ok(Payload::from(raw.to_owned()))
+        Ok(Payload(ByteString::from(raw.get())))
+    }
+
+    /// A payload whose text the caller has checked as [`Payload::checked`]
+    /// does, without leading or trailing whitespace.
+    pub(crate) fn validated(text: ByteString) -> Payload {
+        Payload(text)
     }
 
     /// The JSON text, as sent.
     pub fn get(&self) -> &str {
-        self.0.get()
+        &self.0
     }
 
-    /// The validated value, which serialises as its text, unchanged (bound
-    /// to a `json` parameter as `Json(payload.raw())`).
-    pub fn raw(&self) -> &RawValue {
+    /// The JSON text, as sent, sharing its buffer.
+    pub fn text(&self) -> &ByteString {
         &self.0
+    }
+
+    /// The validated value, which serialises as its text, unchanged. Its
+    /// syntax is read again to make it: the push path binds the text itself
+    /// (`crate::payload_sql`), and this serves the read paths' answers.
+    pub fn raw(&self) -> &RawValue {
+        serde_json::from_str(self.get()).expect("a payload is valid JSON")
     }
 }
 
 impl From<Box<RawValue>> for Payload {
     fn from(raw: Box<RawValue>) -> Payload {
-        Payload(Arc::from(raw))
+        Payload(ByteString::from(String::from(Box::<str>::from(raw))))
     }
 }
 
 impl From<&Value> for Payload {
     fn from(value: &Value) -> Payload {
-        Payload::from(serde_json::value::to_raw_value(value).expect("a JSON value always serialises"))
+        Payload(ByteString::from(value.to_string()))
     }
 }
 

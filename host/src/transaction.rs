@@ -12,6 +12,8 @@
 //! segments, so that a partition written by transactions is not rebuilt
 //! after each one.
 
+use bytes::Bytes;
+use bytestring::ByteString;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
@@ -34,8 +36,11 @@ pub struct TransactionRequest {
 /// Parses a `POST /api/v1/transaction` body: `{"operations": [{"type":
 /// "push", "items": [...]}], "kv"?: [...], "timers"?: [...],
 /// "requiredLeases"?: []}`.
-pub fn parse(body: &[u8], max_items: usize) -> Result<TransactionRequest, BadRequest> {
+pub fn parse(body: &Bytes, max_items: usize) -> Result<TransactionRequest, BadRequest> {
     let root: &RawValue = api::parse_json(body)?;
+    // JSON as serde_json captured it is UTF-8 throughout. The push items are
+    // read as views of this text.
+    let text = ByteString::try_from(body.clone()).map_err(|_| BadRequest::new("body: not UTF-8"))?;
     if !root.get().starts_with('{') {
         return Err(BadRequest::new("body: expected a JSON object with an \"operations\" array"));
     }
@@ -59,7 +64,7 @@ pub fn parse(body: &[u8], max_items: usize) -> Result<TransactionRequest, BadReq
             let Some(items) = op.items.filter(|items| items.get().starts_with('[')) else {
                 return Err(BadRequest::new(format!("{at}items: expected an array")));
             };
-            pushes.extend(api::parse_items(&at, items, max_items)?);
+            pushes.extend(api::parse_items(&at, &text, items, max_items)?);
             if pushes.len() > max_items {
                 return Err(BadRequest::too_large(format!("operations: more than {max_items} items in one transaction")));
             }
@@ -164,9 +169,9 @@ fn raw_to_value(raw: &RawValue) -> Result<Value, BadRequest> {
 fn transactional(item: PushItem) -> TransactionalPush {
     let message_id = Uuid::now_v7();
     TransactionalPush {
-        transaction_id: item.transaction_id.unwrap_or_else(|| message_id.to_string()),
-        queue: item.queue,
-        partition: item.partition,
+        transaction_id: item.transaction_id.map_or_else(|| message_id.to_string(), |id| id.to_string()),
+        queue: item.queue.to_string(),
+        partition: item.partition.to_string(),
         message_id,
         payload: item.payload,
     }
@@ -177,10 +182,10 @@ fn push_result(index: usize, result: &PushResult) -> Value {
     out.insert("index".into(), json!(index));
     out.insert("type".into(), json!("push"));
     out.insert("success".into(), json!(true));
-    out.insert("transactionId".into(), json!(result.transaction_id));
+    out.insert("transactionId".into(), json!(&*result.transaction_id));
     out.insert("messageId".into(), json!(result.message_id));
-    out.insert("queueName".into(), json!(result.queue));
-    out.insert("partition".into(), json!(result.partition));
+    out.insert("queueName".into(), json!(&*result.queue));
+    out.insert("partition".into(), json!(&*result.partition));
     out.insert("offset".into(), json!(result.offset));
     if result.duplicate {
         out.insert("duplicate".into(), json!(true));
@@ -205,7 +210,7 @@ mod tests {
     use super::*;
 
     fn parse_str(body: &str) -> Result<TransactionRequest, BadRequest> {
-        parse(body.as_bytes(), 100)
+        parse(&Bytes::copy_from_slice(body.as_bytes()), 100)
     }
 
     #[test]

@@ -636,7 +636,7 @@ pub async fn push_on(
     let mut planned = Vec::with_capacity(segments.len());
     let mut counts = Vec::with_capacity(segments.len());
     let mut hashes: Vec<&[u8]> = Vec::with_capacity(segments.len());
-    let mut payloads: Vec<Json<&RawValue>> = Vec::with_capacity(total);
+    let mut payloads: Vec<&Payload> = Vec::with_capacity(total);
     let mut message_ids: Vec<Uuid> = Vec::with_capacity(total);
     let mut transaction_ids: Vec<&str> = Vec::with_capacity(total);
     for (i, s) in segments.iter().enumerate() {
@@ -656,7 +656,7 @@ pub async fn push_on(
         planned.push(s.planned_window_seconds);
         counts.push(n);
         hashes.push(&s.hashes);
-        payloads.extend(s.payloads.iter().map(|payload| Json(payload.raw())));
+        payloads.extend(&s.payloads);
         message_ids.extend_from_slice(&s.message_ids);
         transaction_ids.extend(s.transaction_ids.iter().map(String::as_str));
     }
