@@ -1,7 +1,7 @@
 //! Keys: KV operations and `once`, with Queen's wire.
 //!
 //! `once` is a `putIfAbsent` of `true` with `required`. Every verdict is
-//! computed by `stile.kv_apply` (`host/sql/kv.sql`) on the key's row under
+//! computed by `stile.kv_apply` (`host/sql/functions/kv.sql`) on the key's row under
 //! its lock, in the caller's transaction; this module validates and
 //! normalises the operations first, so that a malformed request is refused
 //! whole, naming the field, before anything is sent.

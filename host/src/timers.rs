@@ -1,7 +1,7 @@
 //! Timers: messages scheduled for later, with Queen's wire, and the firer
 //! every gateway runs.
 //!
-//! A timer is a row of `stile.timers` (`host/sql/timers.sql`), an upsert on
+//! A timer is a row of `stile.timers` (`host/sql/functions/timers.sql`), an upsert on
 //! queue and key. A fire deletes the row and pushes its message (its `txn` as
 //! the transactionId, the message id promised at schedule time) in one
 //! PostgreSQL transaction, through the push function: it either commits both

@@ -63,6 +63,20 @@ async fn push_in_sql(c: &tokio_postgres::Client, s: &SegmentPush, clock_floor_ms
     rows.into_iter().next().expect("one row per segment")
 }
 
+/// Removes the messages of the log row at `base_offset` and keeps its hashes,
+/// as retention does for a retention shorter than the window.
+async fn remove_messages(c: &tokio_postgres::Client, partition_id: i64, base_offset: i64) {
+    let removed = c
+        .execute(
+            "UPDATE stile.log SET message_ids = NULL, transaction_ids = NULL, payloads = NULL \
+              WHERE partition_id = $1 AND base_offset = $2",
+            &[&partition_id, &base_offset],
+        )
+        .await
+        .unwrap();
+    assert_eq!(removed, 1);
+}
+
 async fn set_window(t: &TestDb, queue: &str, seconds: i64) {
     let mut options = Map::new();
     options.insert("dedupWindowSeconds".into(), json!(seconds));
@@ -221,7 +235,7 @@ async fn a_narrowed_retry_is_answered_from_the_first_row_of_its_span_when_it_hol
     assert_eq!(stored_at(&out[0]), Some(6));
     // Its messages removed by retention, the originals' ids are unknown.
     let c = t.client().await;
-    c.execute("DELETE FROM stile.segments WHERE partition_id = $1 AND base_offset = 3", &[&p.id]).await.unwrap();
+    remove_messages(&c, p.id, 3).await;
     let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["e", "d"], 2, 3600)]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), vec![(0, 4, uuid::Uuid::nil()), (1, 3, uuid::Uuid::nil())]);
     // A first row outside the window does not count: the next one is first.
@@ -265,7 +279,7 @@ async fn a_retry_that_is_a_run_of_its_row_is_answered_from_that_row() {
     }
     // Its messages removed by retention, the ids are unknown, the offsets not.
     let c = t.client().await;
-    c.execute("DELETE FROM stile.segments WHERE partition_id = $1 AND base_offset = 1", &[&p.id]).await.unwrap();
+    remove_messages(&c, p.id, 1).await;
     let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &names[3..30], 0, 3600)]).await.unwrap();
     let expected: Vec<(u32, i64, uuid::Uuid)> = (0..27).map(|j| (j as u32, 4 + j as i64, uuid::Uuid::nil())).collect();
     assert_eq!(named(&out[0].duplicates), expected);
@@ -338,7 +352,7 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
     // 20,000 rows after them, one hash each, then fresh statistics.
     c.batch_execute(&format!(
         "INSERT INTO stile.txns SELECT {id}, g, g, now(), decode(md5(g::text), 'hex') FROM generate_series(34, 20033) AS g; \
-         UPDATE stile.partitions SET last_offset = 20033 WHERE id = {id}; ANALYZE stile.txns;",
+         UPDATE stile.partitions SET last_offset = 20033 WHERE id = {id}; ANALYZE stile.log;",
         id = p.id
     ))
     .await
@@ -355,7 +369,7 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
         let retry = segment(p.id, &names, floor, 3600);
         // The counter is the backend's own, not yet reported: the difference
         // inside one transaction is what the push read.
-        let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.txns_end_offset'::regclass)";
+        let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass)";
         c.batch_execute("BEGIN").await.unwrap();
         let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get(0);
         let row = push_in_sql(&c, &retry, Some(0)).await;
@@ -893,4 +907,145 @@ async fn retention_purges_segments_and_txns_outside_the_window() {
     // Nothing more to purge.
     let report = t.db.purge().await.unwrap();
     assert_eq!((report.segments_deleted, report.txns_deleted), (0, 0));
+}
+
+/// The shapes the push function checks before anything is written: a bundle
+/// that fails one, at any segment, is refused whole.
+#[tokio::test]
+async fn a_bundle_whose_shapes_do_not_add_up_stores_none_of_its_segments() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let other = t.db.resolve_partition("q", "other").await.unwrap();
+    let c = t.client().await;
+    let push = "SELECT * FROM stile.push($1, $2, ARRAY[-1, -1]::bigint[], ARRAY[3600, 3600], ARRAY[1, $3::integer], \
+                $4::bytea[], $5::bytea[], $6::text[], $7::text[], 0)";
+    let ids = vec![p.id, other.id];
+    let hashes = |n: usize| {
+        vec![stile::hash::txn_hash("a").to_vec(), [stile::hash::txn_hash("b"), stile::hash::txn_hash("c")][..n].concat()]
+    };
+    let uuid_bytes = |n: usize| vec![vec![1u8; 16], vec![2u8; 16 * n]];
+    let txns = vec![r#"["a"]"#.to_string(), r#"["b","c"]"#.to_string()];
+    let payloads = vec!["[1]".to_string(), "[2,3]".to_string()];
+    // The second segment's message ids are one short, then its hashes.
+    for (hash_count, id_count) in [(2, 1), (1, 2)] {
+        let e =
+            c.query(push, &[&p.id, &ids, &2i32, &hashes(hash_count), &uuid_bytes(id_count), &txns, &payloads]).await.unwrap_err();
+        assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("22023"), "{e}");
+    }
+    // Its JSON arrays hold fewer elements than it has messages: found when
+    // a duplicate makes the function rebuild them.
+    let first =
+        c.query(push, &[&p.id, &ids, &2i32, &hashes(2), &uuid_bytes(2), &txns, &payloads]).await.expect("a well-formed bundle");
+    assert_eq!(first.len(), 2);
+    let e = c
+        .query(
+            push,
+            &[
+                &p.id,
+                &ids,
+                &2i32,
+                &[hashes(2)[0].clone(), [stile::hash::txn_hash("b"), stile::hash::txn_hash("d")].concat()].to_vec(),
+                &uuid_bytes(2),
+                &vec![r#"["a"]"#.to_string(), r#"["b"]"#.to_string()],
+                &payloads,
+            ],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("22023"), "{e}");
+    assert_eq!(partition_state(&c, p.id).await, (0, 0, 1, 1));
+    assert_eq!(partition_state(&c, other.id).await, (1, 0, 1, 1));
+}
+
+/// A bundle's segments go to PostgreSQL in ascending partition order (the
+/// lock order); the outcomes come back in the caller's order.
+#[tokio::test]
+async fn outcomes_follow_the_bundles_order_whatever_the_partitions_order() {
+    let t = TestDb::new().await;
+    let a = t.db.resolve_partition("q", "a").await.unwrap();
+    let b = t.db.resolve_partition("q", "b").await.unwrap();
+    assert!(a.id < b.id);
+    let bundle = [
+        segment(b.id, &["b1"], -1, 3600),
+        segment(a.id, &["a1", "a2"], -1, 3600),
+        segment(b.id, &["b2", "b1"], -1, 3600),
+        segment(a.id, &["a3"], -1, 3600),
+    ];
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &bundle).await.unwrap();
+    assert_eq!(out.iter().map(stored_at).collect::<Vec<_>>(), vec![Some(0), Some(0), Some(1), Some(2)]);
+    assert_eq!(placed(&out[2].duplicates), vec![(1, 0)]);
+    assert_eq!(out[2].duplicates[0].message_id, bundle[0].message_ids[0]);
+}
+
+/// What a message costs PostgreSQL's tables: a vouched push of one segment
+/// writes one log row and updates the allocator in place (a HOT update),
+/// whatever the number of messages; a retry reads one row.
+#[tokio::test]
+async fn a_vouched_segment_is_one_row_and_a_retry_one_row_read() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let c = t.client().await;
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
+    let counters = "SELECT pg_stat_get_xact_tuples_inserted('stile.log'::regclass), \
+                           pg_stat_get_xact_tuples_hot_updated('stile.partitions'::regclass), \
+                           pg_stat_get_xact_tuples_updated('stile.partitions'::regclass), \
+                           pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass), \
+                           pg_stat_get_xact_tuples_returned('stile.log_created_at'::regclass)";
+    let names: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let vouched = segment(p.id, &names, 0, 3600);
+    c.batch_execute("BEGIN").await.unwrap();
+    let before = c.query_one(counters, &[]).await.unwrap();
+    let row = push_in_sql(&c, &vouched, Some(0)).await;
+    let after = c.query_one(counters, &[]).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    let delta = |k: usize| after.get::<_, i64>(k) - before.get::<_, i64>(k);
+    assert_eq!(row.get::<_, String>(0), "skipped");
+    assert_eq!((delta(0), delta(1), delta(2), delta(3), delta(4)), (1, 1, 1, 0, 0), "rows inserted, HOT, updated, read");
+
+    // The retry: its originals' offsets and ids from the one row that holds them.
+    let mut retry = segment(p.id, &names, 0, 3600);
+    retry.message_ids.clone_from(&vouched.message_ids);
+    c.batch_execute("BEGIN").await.unwrap();
+    let before = c.query_one(counters, &[]).await.unwrap();
+    let row = push_in_sql(&c, &retry, Some(0)).await;
+    let after = c.query_one(counters, &[]).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    let delta = |k: usize| after.get::<_, i64>(k) - before.get::<_, i64>(k);
+    assert_eq!(row.get::<_, String>(0), "narrowed");
+    assert_eq!(row.get::<_, Vec<i64>>(2), (1..=100).collect::<Vec<i64>>());
+    assert_eq!((delta(0), delta(2), delta(3), delta(4)), (0, 0, 1, 0), "rows inserted, updated, read");
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &names[..3], 0, 3600)]).await.unwrap();
+    assert_eq!(named(&out[0].duplicates), (0..3).map(|j| (j as u32, 1 + j as i64, vouched.message_ids[j])).collect::<Vec<_>>());
+}
+
+/// Payloads and transactionIds are stored as the gateway sent them, text
+/// that PostgreSQL does not parse on the way in: read back byte for byte,
+/// by every reader.
+#[tokio::test]
+async fn payloads_and_transaction_ids_are_stored_and_read_as_sent() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let mut s = segment(p.id, &["quote\"", "tab\tand\u{1f}", "é ☃"], -1, 3600);
+    s.payloads = [r#"{"b" : 1,  "a":[ ] , "b": 2}"#, "-0.50e+3", r#""\u00e9\n""#]
+        .iter()
+        .map(|p| Payload::from(serde_json::value::RawValue::from_string(p.to_string()).unwrap()))
+        .collect();
+    t.db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(&s)).await.unwrap();
+    let page = t.db.read_messages("q", "p", 0, PageBound { messages: 10, bytes: 1 << 20 }).await.unwrap();
+    let read: Vec<(String, String)> =
+        page.messages.iter().map(|m| (m.transaction_id.clone(), m.payload.get().to_string())).collect();
+    let sent: Vec<(String, String)> =
+        s.transaction_ids.iter().zip(&s.payloads).map(|(t, p)| (t.clone(), p.get().to_string())).collect();
+    assert_eq!(read, sent);
+    let c = t.client().await;
+    let rows =
+        c.query("SELECT transaction_id, payload::text, message_id FROM stile.messages ORDER BY \"offset\"", &[]).await.unwrap();
+    let viewed: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(viewed, sent);
+    assert_eq!(rows.iter().map(|r| r.get::<_, uuid::Uuid>(2)).collect::<Vec<_>>(), s.message_ids);
+    for (k, txn) in s.transaction_ids.iter().enumerate() {
+        let found = t.db.message_by_transaction_id("q", "p", stile::hash::txn_hash(txn), txn).await.unwrap().unwrap();
+        assert_eq!((found.offset, found.payload.get()), (k as i64, s.payloads[k].get()));
+    }
 }

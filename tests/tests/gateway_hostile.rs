@@ -24,12 +24,12 @@ async fn refuse_poison_in_postgres(t: &TestDb) {
         .batch_execute(
             "CREATE FUNCTION stile.refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
-                 IF EXISTS (SELECT 1 FROM unnest(NEW.transaction_ids) AS t WHERE t LIKE 'poison-%') THEN
+                 IF EXISTS (SELECT 1 FROM json_array_elements_text(NEW.transaction_ids::json) AS t WHERE t LIKE 'poison-%') THEN
                      RAISE EXCEPTION 'refused by the test' USING ERRCODE = '22023';
                  END IF;
                  RETURN NEW;
              END $$;
-             CREATE TRIGGER refuse_poison BEFORE INSERT ON stile.segments
+             CREATE TRIGGER refuse_poison BEFORE INSERT ON stile.log
                  FOR EACH ROW EXECUTE FUNCTION stile.refuse_poison();",
         )
         .await

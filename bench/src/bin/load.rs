@@ -287,7 +287,14 @@ async fn prepare(t: &TestDb, args: &Args) -> i64 {
         options.insert("dedupWindowSeconds".into(), json!(0));
         t.db.configure(Config::Off.queue(), &options, stile::db::ConfigureMode::Merge).await.expect("configure the window");
     }
-    c.batch_execute("VACUUM ANALYZE stile.segments, stile.txns, stile.partitions, stile.queues").await.expect("vacuum");
+    // Every table of the schema, whichever layout the gateway under test made.
+    let tables = c
+        .query("SELECT format('%I.%I', schemaname, tablename) FROM pg_tables WHERE schemaname = 'stile'", &[])
+        .await
+        .expect("list the tables");
+    for table in tables {
+        c.batch_execute(&format!("VACUUM ANALYZE {}", table.get::<_, String>(0))).await.expect("vacuum");
+    }
     per_partition as i64
 }
 
@@ -444,6 +451,33 @@ struct Figures {
     cpu_ms_per_k: [f64; 4],
     /// Context switches on the whole machine per message answered.
     switches_per_message: f64,
+    /// Per message answered: WAL bytes (the server's insert position, every
+    /// process), WAL records (`pg_stat_wal`) and index entries written to
+    /// stile's tables (`pg_stat_user_tables`: each insert and each update
+    /// that is not HOT adds one per index). The two statistics views lag by
+    /// up to a second (backends report them when idle, at most once a
+    /// second): under steady load that shifts the interval they cover, not
+    /// its length.
+    wal_bytes_per_message: f64,
+    wal_records_per_message: f64,
+    index_entries_per_message: f64,
+}
+
+/// The server's WAL position in bytes, its WAL records and the index entries
+/// written to stile's tables, so far.
+async fn pg_counters(pg: &tokio_postgres::Client) -> [f64; 3] {
+    let row = pg
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8, \
+                    (SELECT wal_records::float8 FROM pg_stat_wal), \
+                    (SELECT coalesce(sum((t.n_tup_ins + t.n_tup_upd - t.n_tup_hot_upd) \
+                                         * (SELECT count(*) FROM pg_index i WHERE i.indrelid = t.relid)), 0)::float8 \
+                       FROM pg_stat_user_tables t WHERE t.schemaname = 'stile')",
+            &[],
+        )
+        .await
+        .expect("read the WAL and index counters");
+    [row.get(0), row.get(1), row.get(2)]
 }
 
 /// CPU seconds used so far by the gateway, PostgreSQL, this process and the
@@ -514,6 +548,7 @@ async fn measure(
     let postgres = postgres_pids();
     let backends = backend_pids(pg, &config.application_name()).await;
     let before = series(&mut observer).await;
+    let counters_before = pg_counters(pg).await;
     let cpu_before = cpu_now(gw.pid(), &postgres, &backends);
     let switches_before = context_switches();
     let mut tally = Tally::default();
@@ -522,6 +557,8 @@ async fn measure(
     }
     let cpu_after = cpu_now(gw.pid(), &postgres, &backends);
     let switches = context_switches() - switches_before;
+    let counters_after = pg_counters(pg).await;
+    let counters: [f64; 3] = std::array::from_fn(|i| (counters_after[i] - counters_before[i]) / tally.items.max(1) as f64);
     let after = series(&mut observer).await;
     let delta: [f64; 8] = std::array::from_fn(|i| after[i] - before[i]);
     tally.latencies_us.sort_unstable();
@@ -543,6 +580,9 @@ async fn measure(
         segments_per_bundle: delta[..4].iter().sum::<f64>() / delta[7].max(1.0),
         cpu_ms_per_k: std::array::from_fn(|i| 1e6 * (cpu_after[i] - cpu_before[i]) / tally.items.max(1) as f64),
         switches_per_message: switches as f64 / tally.items.max(1) as f64,
+        wal_bytes_per_message: counters[0],
+        wal_records_per_message: counters[1],
+        index_entries_per_message: counters[2],
     }
 }
 
@@ -583,7 +623,7 @@ async fn run(args: Args) {
                 let (config, gw) = &gateways[(round + k) % gateways.len()];
                 let figures = measure(gw, &c, &args, slice, *config, &format!("r{round}"), size).await;
                 eprintln!(
-                    "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.1}, PostgreSQL {:.1} (its backends {:.1}), generator {:.1}; {:.2} context switches per message)",
+                    "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.1}, PostgreSQL {:.1} (its backends {:.1}), generator {:.1}; {:.2} context switches per message; per message: {:.0} WAL bytes, {:.2} WAL records, {:.2} index entries)",
                     config.name(),
                     figures.rate,
                     figures.p50_ms,
@@ -603,7 +643,10 @@ async fn run(args: Args) {
                     figures.cpu_ms_per_k[1],
                     figures.cpu_ms_per_k[3],
                     figures.cpu_ms_per_k[2],
-                    figures.switches_per_message
+                    figures.switches_per_message,
+                    figures.wal_bytes_per_message,
+                    figures.wal_records_per_message,
+                    figures.index_entries_per_message
                 );
                 results.push(Measured { config: *config, size, round, figures });
             }
@@ -646,13 +689,14 @@ async fn run(args: Args) {
     println!(
         "| configuration | batch | round | messages/s | p50 ms | p99 ms | requests | wrong answers | errors \
          | segments skipped / narrowed / full / off | hydrations | SQL ms per bundle | segments per bundle \
-         | CPU ms per 1,000 messages: gateway / PostgreSQL (its backends) / generator |"
+         | CPU ms per 1,000 messages: gateway / PostgreSQL (its backends) / generator \
+         | per message: WAL bytes / WAL records / index entries |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|");
     for Measured { config, size, round, figures: f } in &results {
         let [s, n, full, off] = f.probes;
         println!(
-            "| {} | {size} | {round} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.2} | {:.1} / {:.1} ({:.1}) / {:.1} |",
+            "| {} | {size} | {round} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {s:.0} / {n:.0} / {full:.0} / {off:.0} | {:.0} | {:.2} | {:.2} | {:.1} / {:.1} ({:.1}) / {:.1} | {:.0} / {:.2} / {:.2} |",
             config.name(),
             f.rate,
             f.p50_ms,
@@ -666,7 +710,10 @@ async fn run(args: Args) {
             f.cpu_ms_per_k[0],
             f.cpu_ms_per_k[1],
             f.cpu_ms_per_k[3],
-            f.cpu_ms_per_k[2]
+            f.cpu_ms_per_k[2],
+            f.wal_bytes_per_message,
+            f.wal_records_per_message,
+            f.index_entries_per_message
         );
     }
     let rate = |config: Config, size: usize, round: usize| {

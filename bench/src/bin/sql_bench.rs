@@ -134,7 +134,7 @@ async fn setup_level(t: &TestDb, db: &Db, window: usize, conns: usize) -> Level 
         if window > 0 {
             c.execute(
                 "WITH a AS (SELECT $1::bigint AS pid, $2::bigint AS chunk, $3::bigint AS w) \
-                 INSERT INTO stile.txns (partition_id, base_offset, end_offset, created_at, hashes) \
+                 INSERT INTO stile.log (partition_id, base_offset, end_offset, created_at, hashes) \
                  SELECT a.pid, b * a.chunk, least((b + 1) * a.chunk, a.w) - 1, clock_timestamp(), \
                         (SELECT string_agg(decode(md5(a.pid::text || ':' || i::text), 'hex'), ''::bytea ORDER BY i) \
                            FROM generate_series(b * a.chunk, least((b + 1) * a.chunk, a.w) - 1) AS i) \
@@ -171,7 +171,7 @@ async fn setup_level(t: &TestDb, db: &Db, window: usize, conns: usize) -> Level 
     }
     c.batch_execute(&format!("CREATE UNIQUE INDEX ON {plain_table} (partition_id, transaction_id)")).await.unwrap();
     // One statement per call: VACUUM refuses to run in a transaction block.
-    for table in [plain_table.as_str(), "stile.txns", "stile.partitions"] {
+    for table in [plain_table.as_str(), "stile.log", "stile.partitions"] {
         c.batch_execute(&format!("VACUUM ANALYZE {table}")).await.unwrap();
     }
     Level { window, queue, ids, plain_table }
@@ -180,14 +180,10 @@ async fn setup_level(t: &TestDb, db: &Db, window: usize, conns: usize) -> Level 
 /// Deletes what a repetition pushed, so the window holds W hashes again.
 async fn reset_level(t: &TestDb, level: &Level) {
     let c = t.client().await;
-    c.execute(
-        "DELETE FROM stile.txns WHERE partition_id = ANY ($1) AND base_offset >= $2",
-        &[&level.ids, &(level.window as i64)],
-    )
-    .await
-    .unwrap();
-    c.execute("DELETE FROM stile.segments WHERE partition_id = ANY ($1)", &[&level.ids]).await.unwrap();
-    c.batch_execute("VACUUM stile.txns, stile.segments").await.unwrap();
+    c.execute("DELETE FROM stile.log WHERE partition_id = ANY ($1) AND base_offset >= $2", &[&level.ids, &(level.window as i64)])
+        .await
+        .unwrap();
+    c.batch_execute("VACUUM stile.log").await.unwrap();
 }
 
 async fn set_window(db: &Db, queue: &str, seconds: i64) {

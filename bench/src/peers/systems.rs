@@ -156,10 +156,11 @@ impl Running {
     }
 
     /// Bytes PostgreSQL keeps for this system's check: the relations the
-    /// verdict reads (stile's hashes, the peer's unique index), or 0.
+    /// verdict reads (stile's log, which holds the messages beside the hashes;
+    /// the peer's unique index), or 0.
     pub async fn check_bytes_in_postgres(&self, pg: &tokio_postgres::Client) -> i64 {
         let sql = match &self.kind {
-            Kind::Stile(_) => "SELECT pg_total_relation_size('stile.txns')",
+            Kind::Stile(_) => "SELECT pg_total_relation_size('stile.log')",
             Kind::Endpoint { design: Design::Postgres, .. } => {
                 "SELECT pg_relation_size('peer_http.messages_partition_transaction_id_key')"
             }

@@ -9,18 +9,19 @@ pub struct Migration {
     pub version: i32,
     /// A short name, recorded beside the version.
     pub name: &'static str,
-    /// The SQL, as in `host/sql/`.
+    /// The SQL, as in `host/sql/migrations/`.
     pub sql: &'static str,
 }
 
 /// The migrations this build knows, in order.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration { version: 1, name: "schema", sql: include_str!("../../sql/0001_schema.sql") },
+    Migration { version: 1, name: "schema", sql: include_str!("../../sql/migrations/0001_schema.sql") },
     // Version 2 applied the functions once; they are now their own step,
     // after every versioned migration. The version stays, so that the
     // numbering of databases migrated before and after agrees.
     Migration { version: 2, name: "functions", sql: "" },
-    Migration { version: 3, name: "kv and timers", sql: include_str!("../../sql/0003_kv_timers.sql") },
+    Migration { version: 3, name: "kv and timers", sql: include_str!("../../sql/migrations/0003_kv_timers.sql") },
+    Migration { version: 4, name: "log", sql: include_str!("../../sql/migrations/0004_log.sql") },
 ];
 
 /// The functions (and views) the gateway and its readers use. Unlike the
@@ -31,8 +32,15 @@ pub const MIGRATIONS: &[Migration] = &[
 /// recorded by its checksum in `stile.function_sets`. (On a fresh database
 /// the versioned migrations run before any function exists: one that drops
 /// a function says `IF EXISTS`.)
-pub const FUNCTIONS: &str =
-    concat!(include_str!("../../sql/0002_functions.sql"), include_str!("../../sql/kv.sql"), include_str!("../../sql/timers.sql"));
+pub const FUNCTIONS: &str = concat!(
+    include_str!("../../sql/functions/partitions.sql"),
+    include_str!("../../sql/functions/push.sql"),
+    include_str!("../../sql/functions/configure.sql"),
+    include_str!("../../sql/functions/reads.sql"),
+    include_str!("../../sql/functions/retention.sql"),
+    include_str!("../../sql/functions/kv.sql"),
+    include_str!("../../sql/functions/timers.sql"),
+);
 
 /// The key of the transaction-scoped advisory lock that serialises
 /// migrators ("stile" in ASCII).

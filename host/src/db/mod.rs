@@ -46,7 +46,7 @@ pub struct PartitionMeta {
     pub window_seconds: i32,
     /// The allocator: the last offset handed out, -1 while empty.
     pub last_offset: i64,
-    /// The purge watermark: offsets below it have no txns row any more.
+    /// The purge watermark: offsets below it have no log row any more.
     pub txns_start: i64,
 }
 
@@ -107,7 +107,7 @@ pub enum ProbeMode {
     Narrowed,
     /// Probed the whole window (above the purge watermark).
     Full,
-    /// The window is 0: no probe (txns were still written).
+    /// The window is 0: no probe (the hashes were still written).
     Off,
 }
 
@@ -252,7 +252,7 @@ pub struct StoredMessage {
     pub created_ms: i64,
 }
 
-/// One txns row, as hydration returns it.
+/// One log row's hashes, as hydration returns them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HydrationRow {
     /// Offset of its first hash.
@@ -265,7 +265,8 @@ pub struct HydrationRow {
     pub hashes: Vec<u8>,
 }
 
-/// A partition's recent txns rows and its watermarks, read in one snapshot.
+/// A partition's recent log rows' hashes and its watermarks, read in one
+/// snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HydrationRows {
     /// The allocator at the snapshot: every row at or below it is in `rows`
@@ -285,14 +286,15 @@ pub struct HydrationRows {
 pub struct PurgeReport {
     /// Partitions visited (those whose queue has a retention).
     pub partitions: u64,
-    /// Segment rows deleted.
+    /// Log rows whose messages were removed (their hashes stay while the
+    /// window holds them).
     pub segments_deleted: u64,
-    /// Txns rows deleted.
+    /// Log rows deleted.
     pub txns_deleted: u64,
 }
 
 const PUSH_SQL: &str = "SELECT seg, base_offset, created_ms, window_seconds, probe, dup_idx, dup_off, dup_ids, clock_ms \
-     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
 impl Db {
     /// Opens a pool of at most `pool_size` connections to `url` (libpq
@@ -462,7 +464,7 @@ impl Db {
 
     /// The newest stored message of a partition with this transactionId
     /// (`hash` is its [`txn_hash`](crate::hash::txn_hash)), found through the
-    /// txns rows and checked against the stored transactionId.
+    /// log rows' hashes and checked against the stored transactionId.
     pub async fn message_by_transaction_id(
         &self,
         queue: &str,
@@ -481,7 +483,7 @@ impl Db {
         rows.first().map(stored_message).transpose()
     }
 
-    /// A partition's txns rows created in the last `window_seconds` plus
+    /// A partition's log rows created in the last `window_seconds` plus
     /// `slack_ms`, with its `last_offset` and `txns_start` and a reading of
     /// PostgreSQL's clock, all in one snapshot.
     pub async fn hydration(&self, partition_id: i64, window_seconds: i32, slack_ms: u32) -> Result<HydrationRows, DbError> {
@@ -519,9 +521,9 @@ impl Db {
 
     /// Applies every queue's retention: for each partition of a queue with
     /// `retentionSeconds` > 0, in its own short transaction under its row
-    /// lock, deletes the segments older than the retention and the txns rows
-    /// older than max(retention, window), raising `txns_start` past them. A
-    /// queue with retention 0 keeps everything.
+    /// lock, removes the messages older than the retention and deletes the
+    /// log rows older than max(retention, window), raising `txns_start` past
+    /// them. A queue with retention 0 keeps everything.
     pub async fn purge(&self) -> Result<PurgeReport, DbError> {
         let client = self.pool.get().await?;
         let ids: Vec<i64> =
@@ -625,21 +627,29 @@ pub async fn resolve_partitions_on(
 /// Runs `stile.push` for a bundle on `client`: on a pooled connection it is
 /// a transaction of its own; inside an open transaction (a transaction
 /// request, a timer's fire) it is part of it. See [`Db::push_bundle`].
+///
+/// The segments are sent in ascending partition order (a partition's in
+/// their order), the order the push function takes row locks in, and each
+/// one's messages packed as the function stores them: ids as 16 bytes each,
+/// transactionIds and payloads as one JSON array each. The outcomes come back
+/// in the order of `segments`.
 pub async fn push_on(
     client: &impl GenericClient,
     clock_floor: ClockFloor,
     segments: &[SegmentPush],
 ) -> Result<Vec<SegmentOutcome>, DbError> {
-    let total: usize = segments.iter().map(SegmentPush::len).sum();
+    let mut order: Vec<usize> = (0..segments.len()).collect();
+    order.sort_by_key(|&i| segments[i].partition_id);
     let mut partition_ids = Vec::with_capacity(segments.len());
     let mut verified = Vec::with_capacity(segments.len());
     let mut planned = Vec::with_capacity(segments.len());
     let mut counts = Vec::with_capacity(segments.len());
     let mut hashes: Vec<&[u8]> = Vec::with_capacity(segments.len());
-    let mut payloads: Vec<&Payload> = Vec::with_capacity(total);
-    let mut message_ids: Vec<Uuid> = Vec::with_capacity(total);
-    let mut transaction_ids: Vec<&str> = Vec::with_capacity(total);
-    for (i, s) in segments.iter().enumerate() {
+    let mut message_ids: Vec<Vec<u8>> = Vec::with_capacity(segments.len());
+    let mut transaction_ids: Vec<String> = Vec::with_capacity(segments.len());
+    let mut payloads: Vec<String> = Vec::with_capacity(segments.len());
+    for &i in &order {
+        let s = &segments[i];
         let n = s.len();
         if n == 0 || s.transaction_ids.len() != n || s.payloads.len() != n || s.hashes.len() != 16 * n {
             return Err(DbError::Invalid(format!(
@@ -656,60 +666,99 @@ pub async fn push_on(
         planned.push(s.planned_window_seconds);
         counts.push(n);
         hashes.push(&s.hashes);
-        payloads.extend(&s.payloads);
-        message_ids.extend_from_slice(&s.message_ids);
-        transaction_ids.extend(s.transaction_ids.iter().map(String::as_str));
+        message_ids.push(s.message_ids.iter().flat_map(|id| *id.as_bytes()).collect());
+        transaction_ids.push(json_strings(&s.transaction_ids));
+        payloads.push(json_array(&s.payloads));
     }
+    let route = partition_ids[0];
     let stmt = client.prepare_cached(PUSH_SQL).await?;
     let rows = client
         .query(
             &stmt,
-            &[&partition_ids, &verified, &planned, &counts, &hashes, &message_ids, &transaction_ids, &payloads, &clock_floor.0],
+            &[
+                &route,
+                &partition_ids,
+                &verified,
+                &planned,
+                &counts,
+                &hashes,
+                &message_ids,
+                &transaction_ids,
+                &payloads,
+                &clock_floor.0,
+            ],
         )
         .await?;
     if rows.len() != segments.len() {
         return Err(DbError::Protocol(format!("stile.push returned {} rows for {} segments", rows.len(), segments.len())));
     }
-    let mut out = Vec::with_capacity(rows.len());
-    for ((i, row), segment) in rows.iter().enumerate().zip(segments) {
+    let mut out: Vec<Option<SegmentOutcome>> = vec![None; segments.len()];
+    for row in &rows {
         let seg: i32 = row.try_get(0)?;
-        if usize::try_from(seg).ok() != Some(i) {
-            return Err(DbError::Protocol(format!("row {i} is for segment {seg}")));
-        }
-        let base: Option<i64> = row.try_get(1)?;
-        let stored = match base {
-            Some(base_offset) => Some(Stored { base_offset, created_ms: row.try_get(2)? }),
-            None => None,
+        let Some(&i) = usize::try_from(seg).ok().and_then(|seg| order.get(seg)) else {
+            return Err(DbError::Protocol(format!("a row for segment {seg} of {}", segments.len())));
         };
-        let idx: Option<Vec<i32>> = row.try_get(5)?;
-        let off: Option<Vec<i64>> = row.try_get(6)?;
-        let ids: Option<Vec<Option<Uuid>>> = row.try_get(7)?;
-        let (idx, off, ids) = (idx.unwrap_or_default(), off.unwrap_or_default(), ids.unwrap_or_default());
-        let len = segment.len();
-        let indexes_ascend = idx.windows(2).all(|w| w[0] < w[1]);
-        let in_segment = idx.iter().all(|&x| usize::try_from(x).is_ok_and(|x| x < len));
-        let accounted = stored.is_some() == (idx.len() < len);
-        if idx.len() != off.len() || idx.len() != ids.len() || !indexes_ascend || !in_segment || !accounted {
-            return Err(DbError::Protocol(format!(
-                "segment {i}: {} duplicates of {len} messages, stored: {}",
-                idx.len(),
-                stored.is_some()
-            )));
+        if out[i].is_some() {
+            return Err(DbError::Protocol(format!("two rows for segment {seg}")));
         }
-        let duplicates = idx
-            .into_iter()
-            .zip(off)
-            .zip(ids)
-            .map(|((index, offset), message_id)| Duplicate {
-                index: index as u32,
-                offset,
-                message_id: message_id.unwrap_or(Uuid::nil()),
-            })
-            .collect();
-        let window_seconds: i32 = row.try_get(3)?;
-        let probe = ProbeMode::parse(row.try_get(4)?)?;
-        let clock_ms: i64 = row.try_get(8)?;
-        out.push(SegmentOutcome { window_seconds, probe, duplicates, stored, clock_ms });
+        out[i] = Some(segment_outcome(row, i, segments[i].len())?);
     }
-    Ok(out)
+    Ok(out.into_iter().map(|o| o.expect("every segment has its row: as many rows as segments, none twice")).collect())
+}
+
+/// One row of `stile.push`, for segment `i` of `len` messages.
+fn segment_outcome(row: &tokio_postgres::Row, i: usize, len: usize) -> Result<SegmentOutcome, DbError> {
+    let base: Option<i64> = row.try_get(1)?;
+    let stored = match base {
+        Some(base_offset) => Some(Stored { base_offset, created_ms: row.try_get(2)? }),
+        None => None,
+    };
+    let idx: Option<Vec<i32>> = row.try_get(5)?;
+    let off: Option<Vec<i64>> = row.try_get(6)?;
+    let ids: Option<Vec<Option<Uuid>>> = row.try_get(7)?;
+    let (idx, off, ids) = (idx.unwrap_or_default(), off.unwrap_or_default(), ids.unwrap_or_default());
+    let indexes_ascend = idx.windows(2).all(|w| w[0] < w[1]);
+    let in_segment = idx.iter().all(|&x| usize::try_from(x).is_ok_and(|x| x < len));
+    let accounted = stored.is_some() == (idx.len() < len);
+    if idx.len() != off.len() || idx.len() != ids.len() || !indexes_ascend || !in_segment || !accounted {
+        return Err(DbError::Protocol(format!(
+            "segment {i}: {} duplicates of {len} messages, stored: {}",
+            idx.len(),
+            stored.is_some()
+        )));
+    }
+    let duplicates = idx
+        .into_iter()
+        .zip(off)
+        .zip(ids)
+        .map(|((index, offset), message_id)| Duplicate {
+            index: index as u32,
+            offset,
+            message_id: message_id.unwrap_or(Uuid::nil()),
+        })
+        .collect();
+    let window_seconds: i32 = row.try_get(3)?;
+    let probe = ProbeMode::parse(row.try_get(4)?)?;
+    let clock_ms: i64 = row.try_get(8)?;
+    Ok(SegmentOutcome { window_seconds, probe, duplicates, stored, clock_ms })
+}
+
+/// The transactionIds as one JSON array of strings, as the log stores them.
+fn json_strings(strings: &[String]) -> String {
+    serde_json::to_string(strings).expect("a list of strings always encodes")
+}
+
+/// The payloads as one JSON array of their texts, as sent, as the log stores
+/// them.
+fn json_array(payloads: &[Payload]) -> String {
+    let mut out = String::with_capacity(2 + payloads.iter().map(|p| p.get().len() + 1).sum::<usize>());
+    out.push('[');
+    for (k, payload) in payloads.iter().enumerate() {
+        if k > 0 {
+            out.push(',');
+        }
+        out.push_str(payload.get());
+    }
+    out.push(']');
+    out
 }

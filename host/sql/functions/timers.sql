@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------
--- Timers (applied with the other functions, see 0002's header)
+-- Timers (applied with the other functions, see host/src/db/migrate.rs)
 ------------------------------------------------------------------------------
 
 -- A timer as the API shows it. Times are ms since the epoch.

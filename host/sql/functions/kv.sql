@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------
--- Keys: KV and once (applied with the other functions, see 0002's header)
+-- Keys: KV and once (applied with the other functions, see host/src/db/migrate.rs)
 ------------------------------------------------------------------------------
 
 -- Applies KV operations in order, in the caller's transaction, and answers

@@ -1,0 +1,139 @@
+------------------------------------------------------------------------------
+-- Configure
+------------------------------------------------------------------------------
+
+-- The options a queue is created with, camelCase as Queen's clients send
+-- them: stile's two (dedupWindowSeconds, retentionSeconds) and Queen's.
+CREATE OR REPLACE FUNCTION stile.option_defaults()
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT '{"dedupWindowSeconds": 3600, "retentionSeconds": 0, "leaseTime": 300,
+             "retryLimit": 3, "priority": 0, "delayedProcessing": 0, "windowBuffer": 0,
+             "maxSize": 10000, "completedRetentionSeconds": 0, "encryptionEnabled": false,
+             "namespace": null, "task": null}'::jsonb
+$$;
+
+-- A queue row's stored options, as stile.configure returns them.
+CREATE OR REPLACE FUNCTION stile.queue_options(q stile.queues)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT jsonb_build_object(
+        'dedupWindowSeconds', q.dedup_window_seconds,
+        'retentionSeconds', q.retention_seconds,
+        'leaseTime', q.lease_time,
+        'retryLimit', q.retry_limit,
+        'priority', q.priority,
+        'delayedProcessing', q.delayed_processing,
+        'windowBuffer', q.window_buffer,
+        'maxSize', q.max_size,
+        'completedRetentionSeconds', q.completed_retention_seconds,
+        'encryptionEnabled', q.encryption_enabled,
+        'namespace', q.namespace,
+        'task', q.task)
+$$;
+
+-- Checks one option and returns the value to store: the key's default for a
+-- JSON null, integers normalised (5.0 -> 5). Refuses, naming the key in the
+-- message and in the error's COLUMN field, an unknown key or a bad value.
+CREATE OR REPLACE FUNCTION stile.check_option(p_key text, p_value jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_defaults jsonb := stile.option_defaults();
+    v_type text := jsonb_typeof(p_value);
+    v_num numeric;
+BEGIN
+    IF NOT v_defaults ? p_key THEN
+        RAISE EXCEPTION '%: unknown option (known: %)', p_key,
+                (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(v_defaults) AS k)
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+    END IF;
+    IF p_value IS NULL OR v_type = 'null' THEN
+        RETURN v_defaults -> p_key;
+    END IF;
+    IF p_key = 'encryptionEnabled' THEN
+        IF v_type <> 'boolean' THEN
+            RAISE EXCEPTION '%: must be a boolean, got %', p_key, p_value
+                USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+        END IF;
+        RETURN p_value;
+    END IF;
+    IF p_key IN ('namespace', 'task') THEN
+        IF v_type <> 'string' THEN
+            RAISE EXCEPTION '%: must be a string or null, got %', p_key, p_value
+                USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+        END IF;
+        RETURN p_value;
+    END IF;
+    -- Every other option is a whole number of seconds or a count.
+    IF v_type <> 'number' THEN
+        RAISE EXCEPTION '%: must be an integer, got %', p_key, p_value
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+    END IF;
+    v_num := p_value::numeric;
+    IF v_num <> trunc(v_num) OR v_num > 2147483647 OR v_num < -2147483648 THEN
+        RAISE EXCEPTION '%: must be an integer between -2147483648 and 2147483647, got %', p_key, p_value
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+    END IF;
+    IF v_num < 0 AND p_key <> 'priority' THEN
+        RAISE EXCEPTION '%: must not be negative, got %', p_key, p_value
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
+    END IF;
+    RETURN to_jsonb(v_num::integer);
+END
+$$;
+
+-- Configures a queue and returns its stored options. A new queue starts from
+-- the defaults. Merge (p_replace false) leaves omitted keys alone; replace
+-- resets every omitted key to its default; in both, an explicit JSON null
+-- restores that key's default. Every key is checked before anything is
+-- written, and one bad key refuses the whole call.
+CREATE OR REPLACE FUNCTION stile.configure(p_queue text, p_options jsonb, p_replace boolean DEFAULT false)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_given jsonb := '{}';
+    v_key text;
+    v_value jsonb;
+    v_row stile.queues;
+    v_new jsonb;
+BEGIN
+    IF p_options IS NOT NULL AND jsonb_typeof(p_options) <> 'object' THEN
+        RAISE EXCEPTION 'options: must be a JSON object, got %', jsonb_typeof(p_options)
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'options';
+    END IF;
+    FOR v_key, v_value IN SELECT e.key, e.value FROM jsonb_each(coalesce(p_options, '{}')) AS e LOOP
+        v_given := v_given || jsonb_build_object(v_key, stile.check_option(v_key, v_value));
+    END LOOP;
+
+    INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
+    SELECT * INTO STRICT v_row FROM stile.queues WHERE name = p_queue FOR NO KEY UPDATE;
+    IF coalesce(p_replace, false) THEN
+        v_new := stile.option_defaults() || v_given;
+    ELSE
+        v_new := stile.queue_options(v_row) || v_given;
+    END IF;
+    UPDATE stile.queues
+       SET dedup_window_seconds = (v_new ->> 'dedupWindowSeconds')::integer,
+           retention_seconds = (v_new ->> 'retentionSeconds')::integer,
+           lease_time = (v_new ->> 'leaseTime')::integer,
+           retry_limit = (v_new ->> 'retryLimit')::integer,
+           priority = (v_new ->> 'priority')::integer,
+           delayed_processing = (v_new ->> 'delayedProcessing')::integer,
+           window_buffer = (v_new ->> 'windowBuffer')::integer,
+           max_size = (v_new ->> 'maxSize')::integer,
+           completed_retention_seconds = (v_new ->> 'completedRetentionSeconds')::integer,
+           encryption_enabled = (v_new ->> 'encryptionEnabled')::boolean,
+           namespace = v_new ->> 'namespace',
+           task = v_new ->> 'task',
+           updated_at = now()
+     WHERE name = p_queue
+    RETURNING stile.queue_options(queues.*) INTO v_new;
+    RETURN v_new;
+END
+$$;
+

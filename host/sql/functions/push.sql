@@ -1,0 +1,613 @@
+------------------------------------------------------------------------------
+-- The push
+------------------------------------------------------------------------------
+
+-- The id of the message at index p_idx (from 0) of a log row's message_ids.
+CREATE OR REPLACE FUNCTION stile.message_id_at(p_message_ids bytea, p_idx integer)
+RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT encode(substring(p_message_ids FROM 16 * p_idx + 1 FOR 16), 'hex')::uuid
+$$;
+
+-- Checks the shapes of a bundle (see stile.push) and returns the order its
+-- segments are processed in: ascending partition id, a partition's segments
+-- in their order, so that row locks are taken in the one global lock order.
+-- NULL when the segments are in that order already (a stile gateway sends
+-- them so). A malformed bundle is refused whole, before anything is written.
+CREATE OR REPLACE FUNCTION stile.push_order(
+    p_partition_ids bigint[],
+    p_verified bigint[],
+    p_planned_windows integer[],
+    p_counts integer[],
+    p_hashes bytea[],
+    p_message_ids bytea[],
+    p_transaction_ids text[],
+    p_payloads text[]
+)
+RETURNS integer[]
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_n integer := coalesce(cardinality(p_partition_ids), 0);
+    v_count integer;
+    v_sorted boolean := true;
+BEGIN
+    IF coalesce(cardinality(p_verified), 0) <> v_n OR coalesce(cardinality(p_planned_windows), 0) <> v_n
+       OR coalesce(cardinality(p_counts), 0) <> v_n OR coalesce(cardinality(p_hashes), 0) <> v_n
+       OR coalesce(cardinality(p_message_ids), 0) <> v_n OR coalesce(cardinality(p_transaction_ids), 0) <> v_n
+       OR coalesce(cardinality(p_payloads), 0) <> v_n THEN
+        RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN 1 .. v_n LOOP
+        v_count := p_counts[i];
+        IF v_count IS NULL OR v_count < 1 OR p_partition_ids[i] IS NULL
+           OR length(p_hashes[i]) IS DISTINCT FROM 16 * v_count
+           OR length(p_message_ids[i]) IS DISTINCT FROM 16 * v_count
+           OR p_transaction_ids[i] IS NULL OR p_payloads[i] IS NULL THEN
+            RAISE EXCEPTION 'stile.push: segment % has % messages, % hash bytes and % message id bytes',
+                i - 1, v_count, length(p_hashes[i]), length(p_message_ids[i])
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_sorted := v_sorted AND (i = 1 OR p_partition_ids[i - 1] <= p_partition_ids[i]);
+    END LOOP;
+    IF v_sorted THEN
+        RETURN NULL;
+    END IF;
+    RETURN ARRAY(SELECT i FROM generate_series(1, v_n) AS i ORDER BY p_partition_ids[i], i);
+END
+$$;
+
+-- The offset above which a segment is probed: above what the cache vouched
+-- for, unless the vouch is void, and never below the purge watermark. The
+-- cache planned under a window, judged age by a time, and vouched for
+-- offsets that existed when it planned: under a longer window now, or with
+-- this clock behind that time, it vouches for nothing, and it never vouches
+-- above the allocator at lock time (a later segment of a partition in a
+-- bundle is probed against the earlier ones). LANGUAGE sql and IMMUTABLE: it
+-- is inlined into the expression that calls it.
+CREATE OR REPLACE FUNCTION stile.probe_from(
+    p_verified bigint,
+    p_planned_window integer,
+    p_window integer,
+    p_now timestamptz,
+    p_floor timestamptz,
+    p_locked bigint,
+    p_start bigint
+)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT greatest(least(CASE WHEN p_window > coalesce(p_planned_window, 0) OR p_now < p_floor THEN -1
+                               ELSE greatest(coalesce(p_verified, -1), -1) END,
+                          p_locked),
+                    p_start - 1)
+$$;
+
+-- The probe of one segment, under its partition's row lock: its hashes
+-- (p_hashes, 16 bytes each, distinct) against the log rows of the span, the
+-- rows of the partition inside the window (created at or after p_now less
+-- p_window seconds) with end_offset in (p_from, p_last]. Answers, per hash
+-- found, its index in the segment, its first occurrence's offset (MIN over
+-- the span) and that message's id (NULL once retention removed it); NULLs
+-- when none is found.
+--
+-- A narrowed probe (p_narrowed) reads one row alone when that row holds every
+-- hash of the segment (a retry floored at or just below its original by the
+-- cache): the span's first row whose bytes hold any of the segment's first 4
+-- hashes, when no row of the span below it holds any of the others. Each
+-- hash's first occurrence is then there, and so are the messages' ids.
+-- Otherwise it reads every row of the span.
+CREATE OR REPLACE FUNCTION stile.probe(
+    p_pid bigint,
+    p_from bigint,
+    p_last bigint,
+    p_window integer,
+    p_now timestamptz,
+    p_hashes bytea,
+    p_narrowed boolean,
+    OUT dup_idx integer[],
+    OUT dup_off bigint[],
+    OUT dup_ids uuid[]
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer := length(p_hashes) / 16;
+    v_since timestamptz := p_now - make_interval(secs => p_window);
+    v_h1 bytea;
+    v_h2 bytea;
+    v_h3 bytea;
+    v_h4 bytea;
+    v_first_base bigint;   -- the row tried alone first
+    v_first_hashes bytea;
+    v_first_mids bytea;    -- that row's message ids
+    v_at integer;          -- a hash's byte position in that row, from 0
+    v_run integer;         -- the segment's first hash's place in that row when
+                           -- the segment is a run of it, else -1
+    v_below bigint;        -- hashes of the rows below that row found in the segment
+    v_settings text;       -- what set_config answered (unused)
+BEGIN
+    -- Five settings, transaction-local (a push is the transaction, or runs
+    -- inside the caller's), set by one PL/pgSQL expression. No JIT: the
+    -- planner prices the probe by guesswork (it cannot know how many hashes
+    -- a row holds) and would spend far longer compiling the probe than
+    -- running it. No merge join: it would sort every unnested hash together
+    -- with its row's whole hashes value, gigabytes on disk for a large
+    -- window; the hash join builds on the segment's few hashes instead. One
+    -- plan per connection: the default plan cache mode plans the probe afresh
+    -- on every call (no generic estimate of an offset range looks as cheap as
+    -- a narrowed one), which costs more than running a retry's narrowed
+    -- probe; the plan does not depend on the values (the offset range is its
+    -- one index condition, the window's bound is applied above the fence).
+    -- A generic plan is made from whatever the statistics say when a
+    -- connection first probes (a table just bulk-loaded or reset can look
+    -- empty, and a sequential scan then looks cheapest), so sequential scans
+    -- are off for it, and the range is bounded on both sides, which prices it
+    -- as narrow: its index is then always the primary key. Sorts are off too:
+    -- priced as narrow, the one-row read below could be planned as a bitmap
+    -- scan of the whole span sorted for its first row; without a sort, the
+    -- index's own order stops at the first row.
+    v_settings := set_config('jit', 'off', true) || set_config('enable_mergejoin', 'off', true)
+                  || set_config('plan_cache_mode', 'force_generic_plan', true)
+                  || set_config('enable_seqscan', 'off', true) || set_config('enable_sort', 'off', true);
+    -- The segment's first 4 hashes (absent ones NULL: a NULL needle is never
+    -- searched for). A byte search per row costs far less than unnesting the
+    -- row; it only preselects rows, and an aligned comparison decides.
+    v_h1 := substring(p_hashes FROM 1 FOR 16);
+    IF v_count >= 2 THEN v_h2 := substring(p_hashes FROM 17 FOR 16); END IF;
+    IF v_count >= 3 THEN v_h3 := substring(p_hashes FROM 33 FOR 16); END IF;
+    IF v_count >= 4 THEN v_h4 := substring(p_hashes FROM 49 FOR 16); END IF;
+
+    IF p_narrowed THEN
+        -- (No fence around the scan: the limit must stop it at the first
+        -- row, in the index's order.)
+        SELECT r.base_offset, r.hashes || '\x'::bytea, r.message_ids
+          INTO v_first_base, v_first_hashes, v_first_mids
+          FROM stile.log r
+         WHERE r.partition_id = p_pid
+           AND r.end_offset > p_from
+           AND r.end_offset <= p_last
+           AND r.created_at >= v_since
+           AND (position(v_h1 IN r.hashes) > 0
+                OR position(v_h2 IN r.hashes) > 0
+                OR position(v_h3 IN r.hashes) > 0
+                OR position(v_h4 IN r.hashes) > 0)
+         ORDER BY r.end_offset
+         LIMIT 1;
+        -- Rows below it exist only when it starts above the span's first
+        -- offset. Only their hashes above p_from can be the other hashes'
+        -- earlier occurrences (the cache vouches for the rest), and a cache's
+        -- floor is at most an arrival step below the original: those few
+        -- hashes are looked for in the segment, rather than the segment's
+        -- hashes each in the rows' whole bytes (a byte search costs its
+        -- haystack's length).
+        IF FOUND AND v_count > 64 AND v_first_base > p_from + 1 THEN
+            -- A large segment: a byte search per row hash would cost the
+            -- segment's length each time, so the rows' hashes above p_from
+            -- are joined with the segment's on equality instead, by hash,
+            -- once each (aligned matches only: exactly the earlier
+            -- occurrences). Counted rather than limited to one: for a LIMIT
+            -- the planner would pick a nested loop over both lists.
+            SELECT count(*) INTO v_below
+              FROM (SELECT substring(r.hashes FROM 16 * greatest(p_from + 1 - r.base_offset, 0)::integer + 1) AS above
+                      FROM stile.log r
+                     WHERE r.partition_id = p_pid
+                       AND r.end_offset > p_from
+                       AND r.end_offset < v_first_base
+                       AND r.created_at >= v_since
+                    OFFSET 0) AS b
+             CROSS JOIN LATERAL stile.unnest_hashes(b.above) AS below
+              JOIN stile.unnest_hashes(p_hashes) AS mine ON mine.h = below.h;
+            IF v_below > 0 THEN
+                v_first_base := NULL;
+            END IF;
+        ELSIF FOUND AND v_count > 4 AND v_first_base > p_from + 1 THEN
+            -- (Any byte match counts here, aligned or not: it can only send
+            -- the segment to the full span.)
+            PERFORM 1
+               FROM (SELECT substring(r.hashes FROM 16 * greatest(p_from + 1 - r.base_offset, 0)::integer + 1) AS above
+                       FROM stile.log r
+                      WHERE r.partition_id = p_pid
+                        AND r.end_offset > p_from
+                        AND r.end_offset < v_first_base
+                        AND r.created_at >= v_since
+                     OFFSET 0) AS b
+              WHERE EXISTS (SELECT 1 FROM generate_series(0, length(b.above) / 16 - 1) AS j
+                             WHERE position(substring(b.above FROM 16 * j + 1 FOR 16) IN p_hashes) > 0)
+              LIMIT 1;
+            IF FOUND THEN
+                v_first_base := NULL;
+            END IF;
+        END IF;
+        IF v_first_base IS NOT NULL THEN
+            -- The whole segment as one run of the row's hashes, at a hash
+            -- boundary: a retry of a push stored as sent, the usual case,
+            -- found by one byte search. A row's hashes are distinct (so are
+            -- every segment's), so each hash occurs there only at its place
+            -- in the run.
+            v_at := position(p_hashes IN v_first_hashes) - 1;
+            v_run := CASE WHEN v_at >= 0 AND v_at % 16 = 0 THEN v_at / 16 ELSE -1 END;
+            IF v_run >= 0 AND v_count <= 16 THEN
+                -- (Expressions, no statement: each statement costs more.)
+                dup_idx := '{}';
+                dup_off := '{}';
+                dup_ids := '{}';
+                FOR j IN 0 .. v_count - 1 LOOP
+                    dup_idx := dup_idx || j;
+                    dup_off := dup_off || (v_first_base + v_run + j);
+                    dup_ids := dup_ids || stile.message_id_at(v_first_mids, v_run + j);
+                END LOOP;
+            ELSIF v_run >= 0 THEN
+                SELECT ARRAY(SELECT generate_series(0, v_count - 1)),
+                       ARRAY(SELECT generate_series(v_first_base + v_run, v_first_base + v_run + v_count - 1)),
+                       ARRAY(SELECT stile.message_id_at(v_first_mids, j)
+                               FROM generate_series(v_run, v_run + v_count - 1) AS j)
+                  INTO dup_idx, dup_off, dup_ids;
+            ELSIF v_count <= 16 THEN
+                -- Each hash's first occurrence in the row by a byte search; a
+                -- miss or an unaligned match leaves the segment to the full
+                -- span.
+                dup_idx := '{}';
+                dup_off := '{}';
+                dup_ids := '{}';
+                FOR j IN 0 .. v_count - 1 LOOP
+                    v_at := position(substring(p_hashes FROM 16 * j + 1 FOR 16) IN v_first_hashes) - 1;
+                    EXIT WHEN v_at < 0 OR v_at % 16 <> 0;
+                    dup_idx := dup_idx || j;
+                    dup_off := dup_off || (v_first_base + v_at / 16);
+                    dup_ids := dup_ids || stile.message_id_at(v_first_mids, v_at / 16);
+                END LOOP;
+            ELSE
+                SELECT array_agg(ih.idx ORDER BY ih.idx),
+                       array_agg(v_first_base + th.idx ORDER BY ih.idx),
+                       array_agg(stile.message_id_at(v_first_mids, th.idx) ORDER BY ih.idx)
+                  INTO dup_idx, dup_off, dup_ids
+                  FROM stile.unnest_hashes(p_hashes) AS ih
+                  JOIN (SELECT f.h, min(f.idx) AS idx
+                          FROM stile.unnest_hashes(v_first_hashes) AS f
+                         GROUP BY f.h) AS th ON th.h = ih.h;
+            END IF;
+            IF cardinality(dup_idx) = v_count THEN
+                RETURN;
+            END IF;
+            dup_idx := NULL;
+            dup_off := NULL;
+            dup_ids := NULL;
+        END IF;
+    END IF;
+
+    SELECT array_agg(d.idx ORDER BY d.idx),
+           array_agg(d.off ORDER BY d.idx),
+           array_agg(o.mid ORDER BY d.idx)
+      INTO dup_idx, dup_off, dup_ids
+      FROM (SELECT ih.idx, min(t.base_offset + th.idx) AS off
+              FROM (SELECT t2.base_offset, t2.hashes
+                      FROM (SELECT t1.base_offset,
+                                   -- detoasted once per row, not once per use
+                                   t1.hashes || '\x'::bytea AS hashes
+                              FROM (SELECT t0.base_offset, t0.created_at, t0.hashes
+                                      FROM stile.log t0
+                                     WHERE t0.partition_id = p_pid
+                                       AND t0.end_offset > p_from
+                                       AND t0.end_offset <= p_last
+                                    OFFSET 0) AS t1
+                             WHERE t1.created_at >= v_since
+                            OFFSET 0) AS t2
+                     WHERE v_count > 4
+                        OR position(v_h1 IN t2.hashes) > 0
+                        OR position(v_h2 IN t2.hashes) > 0
+                        OR position(v_h3 IN t2.hashes) > 0
+                        OR position(v_h4 IN t2.hashes) > 0
+                    OFFSET 0) AS t
+             CROSS JOIN LATERAL stile.unnest_hashes(t.hashes) AS th
+              JOIN stile.unnest_hashes(p_hashes) AS ih ON ih.h = th.h
+             GROUP BY ih.idx) AS d
+      LEFT JOIN LATERAL (
+            SELECT stile.message_id_at(s.message_ids, (d.off - s.base_offset)::integer) AS mid
+              FROM stile.log s
+             WHERE s.partition_id = p_pid AND s.end_offset >= d.off
+             ORDER BY s.end_offset
+             LIMIT 1) AS o ON true;
+END
+$$;
+
+-- The columns of a log row holding a segment's messages less its duplicates
+-- (p_dup_idx, indexes from 0), in their order, and whether the segment's two
+-- JSON arrays hold one element per hash (the one place they are parsed).
+CREATE OR REPLACE FUNCTION stile.kept(
+    p_hashes bytea,
+    p_message_ids bytea,
+    p_transaction_ids text,
+    p_payloads text,
+    p_dup_idx integer[],
+    OUT hashes bytea,
+    OUT message_ids bytea,
+    OUT transaction_ids text,
+    OUT payloads text,
+    OUT complete boolean
+)
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT string_agg(substring(p_hashes FROM 16 * k.j + 1 FOR 16), '\x'::bytea ORDER BY k.j),
+           string_agg(substring(p_message_ids FROM 16 * k.j + 1 FOR 16), '\x'::bytea ORDER BY k.j),
+           '[' || string_agg(t.e::text, ',' ORDER BY k.j) || ']',
+           '[' || string_agg(p.e::text, ',' ORDER BY k.j) || ']',
+           json_array_length(p_transaction_ids::json) = length(p_hashes) / 16
+           AND json_array_length(p_payloads::json) = length(p_hashes) / 16
+      FROM generate_series(0, length(p_hashes) / 16 - 1) AS k(j)
+      JOIN json_array_elements(p_transaction_ids::json) WITH ORDINALITY AS t(e, n) ON t.n = k.j + 1
+      JOIN json_array_elements(p_payloads::json) WITH ORDINALITY AS p(e, n) ON p.n = k.j + 1
+     WHERE k.j <> ALL (p_dup_idx)
+$$;
+
+-- Pushes a bundle of segments, for one or several partitions, in one
+-- transaction. Segment i (1-based in the arrays, reported 0-based as `seg`):
+--   p_partition_ids[i]    its partition
+--   p_verified[i]         the offset at or below which the gateway's cache
+--                         vouches that none of its hashes occurs (-1: none)
+--   p_planned_windows[i]  the dedup window (s) the cache planned under
+--   p_counts[i]           its number of messages (>= 1)
+--   p_hashes[i]           its messages' 16-byte hashes, concatenated
+--   p_message_ids[i]      its messages' ids, 16 bytes each, concatenated
+--   p_transaction_ids[i]  its messages' transactionIds, a JSON array
+--   p_payloads[i]         its messages' payloads, a JSON array
+-- p_route is the partition by which a distributed database routes the call
+-- (any partition of the bundle: a bundle holds partitions of one node); it
+-- decides nothing here. p_clock_floor_ms is what the cache assumed of this
+-- database's clock when it planned the bundle (its `now` less its skew slack,
+-- in ms since the epoch): it judged which hashes are older than the window by
+-- that time, so its vouches hold only while clock_timestamp() is at or past
+-- it. Behind it (a gateway whose bound of this clock ran ahead, or this clock
+-- stepped back), every p_verified is ignored and the window is probed in
+-- full.
+--
+-- Only a stile gateway calls this function: it has validated every payload
+-- and transactionId and computed the hashes, and they are stored as sent,
+-- not parsed again. The shapes are checked (counts, bytes per hash and id),
+-- and a bundle that fails a check is refused whole.
+--
+-- Segments are processed in ascending partition order (a partition's in
+-- their order), so row locks are taken in the one global lock order, and
+-- their rows are returned in that order. For each, under its partition's row
+-- lock, before anything is allocated: the probe runs over the log rows inside
+-- the window with end_offset above stile.probe_from(...) when that span is
+-- not empty. A duplicate writes nothing; the segment returns, per duplicate,
+-- its index in the segment, the original's offset (MIN over all occurrences)
+-- and the original's message id (NULL only if retention removed it). The
+-- segment's other messages, n of them in their order, are proven new by the
+-- same probe (a segment's hashes are distinct): they are allocated
+-- last_offset + 1 .. last_offset + n and written as one log row (hashes even
+-- with the window at 0), and base_offset and created_ms say where and when.
+-- A segment of duplicates only returns no base_offset.
+--
+-- The first segment of each partition tries the verdict and the allocation
+-- as one statement: the allocator's UPDATE is conditioned on the verdict
+-- (window 0, or a vouch that is not void and covers every stored offset),
+-- which PostgreSQL evaluates on the row it locks, the latest version.
+-- Otherwise the row is locked and the probe decides.
+--
+-- probe: 'off' (window 0), 'skipped' (nothing above the bound), 'narrowed'
+-- (bound set by p_verified) or 'full' (bound set by txns_start or -1).
+-- clock_ms is clock_timestamp() when the segment was probed, in ms since the
+-- epoch, rounded down: a reading of this database's clock, from which a
+-- gateway bounds it (guest/src/clock.rs).
+CREATE OR REPLACE FUNCTION stile.push(
+    p_route bigint,
+    p_partition_ids bigint[],
+    p_verified bigint[],
+    p_planned_windows integer[],
+    p_counts integer[],
+    p_hashes bytea[],
+    p_message_ids bytea[],
+    p_transaction_ids text[],
+    p_payloads text[],
+    p_clock_floor_ms bigint
+)
+RETURNS TABLE (
+    seg integer,
+    base_offset bigint,
+    created_ms bigint,
+    window_seconds integer,
+    probe text,
+    dup_idx integer[],
+    dup_off bigint[],
+    dup_ids uuid[],
+    clock_ms bigint
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_order integer[] := stile.push_order(p_partition_ids, p_verified, p_planned_windows, p_counts, p_hashes,
+                                          p_message_ids, p_transaction_ids, p_payloads);
+    -- The earliest clock at which the cache's vouches hold (none for NULL).
+    v_floor timestamptz := CASE WHEN p_clock_floor_ms IS NULL OR p_clock_floor_ms > 253402300799999 THEN 'infinity'
+                                WHEN p_clock_floor_ms < 0 THEN '-infinity'
+                                ELSE to_timestamp(p_clock_floor_ms / 1000.0) END;
+    i integer;
+    v_pid bigint;
+    v_locked_pid bigint;  -- the partition whose row this loop holds and reads below
+    v_locked bigint;      -- its allocator at lock time
+    v_last bigint;        -- its allocator, kept current through the bundle
+    v_start bigint;       -- its purge watermark
+    v_window integer;     -- its queue's window (read under the lock)
+    v_count integer;
+    v_from bigint;
+    v_now timestamptz;
+    v_narrowed boolean;
+    v_kept record;
+BEGIN
+    FOR j IN 1 .. coalesce(cardinality(p_partition_ids), 0) LOOP
+        i := coalesce(v_order[j], j);
+        v_pid := p_partition_ids[i];
+        v_count := p_counts[i];
+        v_now := clock_timestamp();
+        seg := i - 1;
+        clock_ms := floor(extract(epoch FROM v_now) * 1000)::bigint;
+        dup_idx := NULL;
+        dup_off := NULL;
+        dup_ids := NULL;
+        IF v_pid IS DISTINCT FROM v_locked_pid THEN
+            -- The verdict, the allocation and the store in one statement
+            -- (see above): the row is written only if the allocator's
+            -- UPDATE found its condition true.
+            WITH allocated AS (
+                UPDATE stile.partitions p
+                   SET last_offset = p.last_offset + v_count
+                  FROM stile.queues q
+                 WHERE p.id = v_pid AND q.name = p.queue
+                   AND (q.dedup_window_seconds = 0
+                        OR p.last_offset <= stile.probe_from(p_verified[i], p_planned_windows[i], q.dedup_window_seconds,
+                                                             v_now, v_floor, p.last_offset, p.txns_start))
+                RETURNING p.last_offset, p.txns_start, q.dedup_window_seconds
+            ), stored AS (
+                INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
+                                       transaction_ids, payloads)
+                SELECT v_pid, a.last_offset, a.last_offset - v_count + 1, v_now, p_hashes[i], p_message_ids[i],
+                       p_transaction_ids[i], p_payloads[i]
+                  FROM allocated a
+            )
+            SELECT a.last_offset, a.txns_start, a.dedup_window_seconds INTO v_last, v_start, v_window FROM allocated a;
+            IF FOUND THEN
+                v_locked := v_last - v_count;
+                probe := CASE WHEN v_window = 0 THEN 'off' ELSE 'skipped' END;
+                window_seconds := v_window;
+                base_offset := v_last - v_count + 1;
+                created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
+                v_locked_pid := v_pid;
+                RETURN NEXT;
+                CONTINUE;
+            END IF;
+            SELECT p.last_offset, p.txns_start,
+                   (SELECT q.dedup_window_seconds FROM stile.queues q WHERE q.name = p.queue)
+              INTO v_last, v_start, v_window
+              FROM stile.partitions p
+             WHERE p.id = v_pid
+               FOR UPDATE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'stile.push: unknown partition id %', v_pid
+                    USING ERRCODE = 'foreign_key_violation';
+            END IF;
+            v_locked := v_last;
+            v_locked_pid := v_pid;
+        END IF;
+        v_from := stile.probe_from(p_verified[i], p_planned_windows[i], v_window, v_now, v_floor, v_locked, v_start);
+        probe := CASE WHEN v_window = 0 THEN 'off' WHEN v_last <= v_from THEN 'skipped'
+                      WHEN v_from >= v_start THEN 'narrowed' ELSE 'full' END;
+        IF probe IN ('narrowed', 'full') THEN
+            v_narrowed := probe = 'narrowed';
+            SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
+              FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], v_narrowed) AS r;
+        END IF;
+        v_count := v_count - coalesce(cardinality(dup_idx), 0);
+        window_seconds := v_window;
+        base_offset := NULL;
+        created_ms := NULL;
+        IF v_count > 0 THEN
+            v_last := v_last + v_count;
+            IF dup_idx IS NULL THEN
+                WITH allocated AS (
+                    UPDATE stile.partitions SET last_offset = v_last WHERE id = v_pid
+                )
+                INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
+                                       transaction_ids, payloads)
+                VALUES (v_pid, v_last, v_last - v_count + 1, v_now, p_hashes[i], p_message_ids[i],
+                        p_transaction_ids[i], p_payloads[i]);
+            ELSE
+                -- Some duplicates: the others are written without them, in
+                -- their order, in this same transaction.
+                SELECT k.hashes, k.message_ids, k.transaction_ids, k.payloads, k.complete INTO v_kept
+                  FROM stile.kept(p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i], dup_idx) AS k;
+                IF NOT v_kept.complete THEN
+                    RAISE EXCEPTION 'stile.push: segment % does not hold % transactionIds and payloads', i - 1, p_counts[i]
+                        USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                WITH allocated AS (
+                    UPDATE stile.partitions SET last_offset = v_last WHERE id = v_pid
+                )
+                INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
+                                       transaction_ids, payloads)
+                VALUES (v_pid, v_last, v_last - v_count + 1, v_now, v_kept.hashes, v_kept.message_ids,
+                        v_kept.transaction_ids, v_kept.payloads);
+            END IF;
+            base_offset := v_last - v_count + 1;
+            -- Rounded up: a cache that expires hashes by this time never
+            -- expires one before SQL would.
+            created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- The previous build's signature: messages flat over the bundle, payloads as
+-- json. Its gateways keep calling it while an operator upgrades gateways one
+-- at a time; it repacks each segment as stile.push above takes it and answers
+-- in segment order, as those gateways expect. Once no gateway of that build
+-- remains, `DROP FUNCTION stile.push(bigint[], bigint[], integer[],
+-- integer[], bytea[], uuid[], text[], json[], bigint)` retires it (a later
+-- migration will).
+CREATE OR REPLACE FUNCTION stile.push(
+    p_partition_ids bigint[],
+    p_verified bigint[],
+    p_planned_windows integer[],
+    p_counts integer[],
+    p_hashes bytea[],
+    p_message_ids uuid[],
+    p_transaction_ids text[],
+    p_payloads json[],
+    p_clock_floor_ms bigint
+)
+RETURNS TABLE (
+    seg integer,
+    base_offset bigint,
+    created_ms bigint,
+    window_seconds integer,
+    probe text,
+    dup_idx integer[],
+    dup_off bigint[],
+    dup_ids uuid[],
+    clock_ms bigint
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_n integer := coalesce(cardinality(p_partition_ids), 0);
+    v_total integer := 0;
+    v_count integer;
+    v_msg integer := 1;
+    v_mids bytea[] := '{}';
+    v_tids text[] := '{}';
+    v_payloads text[] := '{}';
+BEGIN
+    IF coalesce(cardinality(p_counts), 0) <> v_n THEN
+        RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN 1 .. v_n LOOP
+        v_total := v_total + greatest(coalesce(p_counts[i], 0), 0);
+    END LOOP;
+    IF coalesce(cardinality(p_message_ids), 0) <> v_total
+       OR coalesce(cardinality(p_transaction_ids), 0) <> v_total
+       OR coalesce(cardinality(p_payloads), 0) <> v_total THEN
+        RAISE EXCEPTION 'stile.push: % messages counted, % message ids, % transaction ids and % payloads given',
+            v_total, coalesce(cardinality(p_message_ids), 0), coalesce(cardinality(p_transaction_ids), 0),
+            coalesce(cardinality(p_payloads), 0)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN 1 .. v_n LOOP
+        v_count := greatest(coalesce(p_counts[i], 0), 0);
+        v_mids := v_mids || decode(replace(array_to_string(p_message_ids[v_msg : v_msg + v_count - 1], ''), '-', ''), 'hex');
+        v_tids := v_tids || array_to_json(p_transaction_ids[v_msg : v_msg + v_count - 1])::text;
+        v_payloads := v_payloads || array_to_json(p_payloads[v_msg : v_msg + v_count - 1])::text;
+        v_msg := v_msg + v_count;
+    END LOOP;
+    RETURN QUERY
+        SELECT r.seg, r.base_offset, r.created_ms, r.window_seconds, r.probe, r.dup_idx, r.dup_off, r.dup_ids, r.clock_ms
+          FROM stile.push(p_partition_ids[1], p_partition_ids, p_verified, p_planned_windows, p_counts, p_hashes,
+                          v_mids, v_tids, v_payloads, p_clock_floor_ms) AS r
+         ORDER BY r.seg;
+END
+$$;
