@@ -104,6 +104,14 @@ async fn messages_stored_before_the_upgrade_are_read_and_deduplicated_after_it()
 
     t.db.migrate().await.unwrap();
     assert_eq!(t.db.schema_version().await.unwrap(), 4);
+    // A gateway of the previous build starting now finds its function set
+    // on record, and so leaves this build's in place.
+    let recorded: bool = c
+        .query_one("SELECT EXISTS (SELECT 1 FROM stile.function_sets WHERE checksum = '7b80b9dbd398a7db')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(recorded);
 
     // Read back as stored: ids, transactionIds and payloads byte for byte.
     let page = t.db.read_messages("orders", "p0", 0, PageBound { messages: 10, bytes: 1 << 20 }).await.unwrap();

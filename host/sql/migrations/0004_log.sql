@@ -77,3 +77,9 @@ UPDATE stile.partitions p
 -- The previous build's functions read and write the two tables: dropped with
 -- them, and made again by this build's function set right after.
 DROP TABLE stile.segments, stile.txns CASCADE;
+
+-- The previous build's function set (its checksum, see host/src/db/migrate.rs)
+-- counts as applied: a gateway of that build starting against this database
+-- would otherwise put its functions, which read the dropped tables, back
+-- over this build's.
+INSERT INTO stile.function_sets (checksum) VALUES ('7b80b9dbd398a7db') ON CONFLICT DO NOTHING;
