@@ -82,7 +82,7 @@ async fn functions_from_an_older_build_are_replaced_once() {
     let current = defaults().await;
     c.batch_execute(
         "CREATE OR REPLACE FUNCTION stile.option_defaults() RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT '{}'::jsonb $$; \
-         UPDATE stile.function_sets SET checksum = 'an older build'",
+         DELETE FROM stile.function_sets; INSERT INTO stile.function_sets (checksum) VALUES ('an older build')",
     )
     .await
     .unwrap();
@@ -122,7 +122,12 @@ async fn a_later_migration_that_drops_a_function_leaves_it_defined() {
     // Migrated by this build before the drop came along.
     let older = TestDb::unmigrated(1).await;
     older.db.migrate().await.unwrap();
-    older.client().await.execute("UPDATE stile.function_sets SET checksum = 'an older build'", &[]).await.unwrap();
+    older
+        .client()
+        .await
+        .batch_execute("DELETE FROM stile.function_sets; INSERT INTO stile.function_sets (checksum) VALUES ('an older build')")
+        .await
+        .unwrap();
     older.db.migrate_with(&with_drop(1000)).await.unwrap();
     assert_eq!(defaults(older.client().await).await.expect("option_defaults is defined"), "3600");
 }
