@@ -118,6 +118,17 @@ async fn a_lost_gate_rolls_back_the_pushes_before_it() {
     assert!(answers[0].queued(), "{answers:?}");
 }
 
+/// A transaction may hold KV operations or timers alone, with no push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_without_pushes_applies_its_riders() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let answer = transaction(&mut c, json!({"operations": [], "kv": [once("only-kv")]})).await;
+    assert_eq!(answer["success"], json!(true), "{answer}");
+    assert_eq!(counts(&t).await, (0, 1, 0));
+}
+
 /// Queues and partitions that exist, by name.
 async fn names(t: &TestDb) -> Vec<String> {
     let c = t.client().await;

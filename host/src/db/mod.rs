@@ -638,6 +638,11 @@ pub async fn push_on(
     clock_floor: ClockFloor,
     segments: &[SegmentPush],
 ) -> Result<Vec<SegmentOutcome>, DbError> {
+    // A transaction of KV operations or timers alone pushes nothing, and
+    // the push function routes a bundle by its first segment.
+    if segments.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut order: Vec<usize> = (0..segments.len()).collect();
     order.sort_by_key(|&i| segments[i].partition_id);
     let mut partition_ids = Vec::with_capacity(segments.len());
