@@ -279,11 +279,8 @@ impl Gateway {
     }
 
     async fn partition_meta(&self, queue: &str, partition: &str) -> Result<(PartitionMeta, Instant), DbError> {
-        let key = (queue.to_owned(), partition.to_owned());
-        if let Some((meta, at)) = self.metadata.lock().expect("not poisoned").get(&key)
-            && at.elapsed() < METADATA_TTL
-        {
-            return Ok((*meta, *at));
+        if let Some(memoised) = self.memoised(PartitionName { queue, partition }) {
+            return Ok(memoised);
         }
         let meta = self.db.resolve_partition(queue, partition).await?;
         let mut memo = self.metadata.lock().expect("not poisoned");
@@ -291,8 +288,14 @@ impl Gateway {
             memo.clear();
         }
         let read_at = Instant::now();
-        memo.insert(key, (meta, read_at));
+        memo.insert((queue.to_owned(), partition.to_owned()), (meta, read_at));
         Ok((meta, read_at))
+    }
+
+    /// A partition's memoised metadata, if it is fresh.
+    fn memoised(&self, name: PartitionName<'_>) -> Option<(PartitionMeta, Instant)> {
+        let key = (name.queue.to_owned(), name.partition.to_owned());
+        self.metadata.lock().expect("not poisoned").get(&key).filter(|(_, at)| at.elapsed() < METADATA_TTL).copied()
     }
 
     /// Partitions' metadata, in order: from the memo where it is fresh,
@@ -305,16 +308,7 @@ impl Gateway {
         names: impl Iterator<Item = PartitionName<'_>>,
     ) -> Result<Vec<(PartitionMeta, Instant)>, DbError> {
         let names: Vec<PartitionName<'_>> = names.collect();
-        let mut known: Vec<Option<(PartitionMeta, Instant)>> = {
-            let memo = self.metadata.lock().expect("not poisoned");
-            names
-                .iter()
-                .map(|name| {
-                    let key = (name.queue.to_owned(), name.partition.to_owned());
-                    memo.get(&key).filter(|(_, at)| at.elapsed() < METADATA_TTL).copied()
-                })
-                .collect()
-        };
+        let mut known: Vec<Option<(PartitionMeta, Instant)>> = names.iter().map(|&name| self.memoised(name)).collect();
         let unknown: Vec<PartitionName<'_>> =
             names.iter().zip(&known).filter(|(_, meta)| meta.is_none()).map(|(&name, _)| name).collect();
         let read_at = Instant::now();
