@@ -93,6 +93,13 @@ struct ServeArgs {
     /// meanwhile join the next bundle, so fewer, fuller bundles commit.
     #[arg(long, env = "STILE_BUNDLES_IN_FLIGHT", default_value_t = WorkerConfig::default().max_in_flight)]
     bundles_in_flight: usize,
+    /// Seconds a push waits for a partition's row lock that another session
+    /// holds (PostgreSQL's `lock_timeout` on the shards' connections). Past
+    /// it, that partition's pushes answer 503 and go to PostgreSQL on their
+    /// own, one at a time, until one gets through, so that the other
+    /// partitions of its shard keep flowing.
+    #[arg(long, env = "STILE_LOCK_TIMEOUT", allow_negative_numbers = true, default_value_t = WorkerConfig::default().lock_timeout.as_secs_f64())]
+    lock_timeout: f64,
     /// Most MiB that requests in progress may hold; past it, new requests
     /// wait with their bodies unread. Default: a quarter of the cache budget,
     /// and at least 64.
@@ -137,6 +144,7 @@ fn main() -> std::process::ExitCode {
         },
         pool_size: args.pool_size,
         bundles_in_flight: args.bundles_in_flight,
+        lock_timeout: seconds("--lock-timeout", args.lock_timeout),
         max_held_bytes: args.max_held_mb.unwrap_or((args.cache_mb / 4).max(64)).saturating_mul(1 << 20),
         purge_every: Duration::from_secs(args.purge_seconds.max(1)),
         inject_guest_traps_per_million: args.inject_guest_traps_per_million,

@@ -57,6 +57,7 @@ pub struct Metrics {
     clock_steps_back: Counter,
     vouches_refused: Counter,
     bundles_split: Counter,
+    bundle_lock_timeouts: Counter,
     held_request_bytes: Gauge,
     held_request_bytes_limit: Gauge,
     requests_waited_for_room: Counter,
@@ -88,6 +89,7 @@ impl Metrics {
             clock_steps_back: Counter::default(),
             vouches_refused: Counter::default(),
             bundles_split: Counter::default(),
+            bundle_lock_timeouts: Counter::default(),
             held_request_bytes: Gauge::default(),
             held_request_bytes_limit: Gauge::default(),
             requests_waited_for_room: Counter::default(),
@@ -135,6 +137,11 @@ impl Metrics {
                 "bundles_split",
                 "Bundles PostgreSQL refused for a reason other than being unavailable, then pushed again one segment at a time",
                 metrics.bundles_split.clone(),
+            );
+            r.register(
+                "bundle_lock_timeouts",
+                "Pushes whose wait for a partition's row lock outlasted --lock-timeout-ms; partitions found locked by another session are then pushed on their own until one gets through",
+                metrics.bundle_lock_timeouts.clone(),
             );
             r.register(
                 "held_request_bytes",
@@ -249,6 +256,10 @@ impl Metrics {
 
     pub fn bundle_split(&self) {
         self.bundles_split.inc();
+    }
+
+    pub fn bundle_lock_timeout(&self) {
+        self.bundle_lock_timeouts.inc();
     }
 
     /// The counter the intake counts its waiting requests in.

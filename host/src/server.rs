@@ -38,6 +38,8 @@ pub struct ServeConfig {
     pub pool_size: usize,
     /// Bundles each shard keeps in flight at once.
     pub bundles_in_flight: usize,
+    /// The longest a push waits for a partition's row lock held elsewhere.
+    pub lock_timeout: Duration,
     /// The most bytes requests in progress may hold.
     pub max_held_bytes: u64,
     /// How often retention runs.
@@ -79,6 +81,7 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
         let shard_config = WorkerConfig {
             hydrate: config.cache_mb > 0,
             max_in_flight: config.bundles_in_flight.max(1),
+            lock_timeout: config.lock_timeout,
             ..WorkerConfig::default()
         };
         let (handle, worker) = shard::spawn(id, cache, &db, metrics.clone(), shard_config, first)?;

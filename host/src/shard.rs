@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::cache::ShardCache;
-use crate::db::{ClockFloor, Db, DbError, HydrationRows, MessageOutcome, SegmentOutcome, SegmentPush};
+use crate::db::{ClockFloor, Db, DbError, HydrationRows, MessageOutcome, OwnPool, SegmentOutcome, SegmentPush};
 use crate::fusion::{CoalescedSegment, Message, PartitionQueue, Slot};
 use crate::metrics::Metrics;
 
@@ -86,16 +86,33 @@ pub struct WorkerConfig {
     /// no cache entry is ever born: the cache never vouches, and every
     /// segment is probed in full.
     pub hydrate: bool,
+    /// The longest a push waits for a partition's row lock (PostgreSQL's
+    /// `lock_timeout` on the shard's connections). Only a session other
+    /// than a stile push holds one for long (a stile bundle holds its rows
+    /// for one round trip and a commit); past it, the partitions found
+    /// locked are set aside so that their shard-mates flow.
+    pub lock_timeout: Duration,
 }
 
 impl Default for WorkerConfig {
     fn default() -> WorkerConfig {
-        WorkerConfig { max_segment: 4096, max_in_flight: 1, housekeeping: Duration::from_secs(1), hydrate: true }
+        WorkerConfig {
+            max_segment: 4096,
+            max_in_flight: 1,
+            housekeeping: Duration::from_secs(1),
+            hydrate: true,
+            lock_timeout: Duration::from_secs(1),
+        }
     }
 }
 
-/// Connections of a shard's pool beyond one per bundle in flight.
+/// Connections of a shard's pool beyond one per bundle in flight and the
+/// contended partitions' one: hydrations do not wait for pushes.
 pub const HYDRATION_CONNECTIONS: usize = 2;
+
+/// The connection of a shard's pool that pushes contended partitions, one
+/// segment at a time (see [`PartitionState::contended`]).
+const CONTENDED_CONNECTIONS: usize = 1;
 
 /// A reading of PostgreSQL's clock: what it said, and when the answer
 /// arrived.
@@ -188,7 +205,10 @@ pub fn spawn(
     let worker = Worker {
         id,
         cache,
-        db: db.with_own_pool(config.max_in_flight + HYDRATION_CONNECTIONS)?,
+        db: db.with_own_pool(OwnPool {
+            size: config.max_in_flight + CONTENDED_CONNECTIONS + HYDRATION_CONNECTIONS,
+            lock_timeout: Some(config.lock_timeout),
+        })?,
         metrics,
         config,
         partitions: HashMap::new(),
@@ -198,6 +218,7 @@ pub fn spawn(
         mono_origin: first.received,
         in_flight: FuturesUnordered::new(),
         bundles_in_flight: 0,
+        contended_in_flight: false,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let thread = std::thread::Builder::new().name(format!("stile-shard-{id}")).spawn(move || runtime.block_on(worker.run(rx)))?;
@@ -238,6 +259,8 @@ struct Worker {
     in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
     /// The bundles among them.
     bundles_in_flight: usize,
+    /// A contended partition's segment is among them.
+    contended_in_flight: bool,
 }
 
 #[derive(Debug)]
@@ -250,6 +273,14 @@ struct PartitionState {
     /// A segment or a hydration of this partition is in flight.
     busy: bool,
     last_used: Instant,
+    /// Set when a push of this partition waited past the lock timeout and
+    /// its row was then found locked by another session: from then on its
+    /// segments go to PostgreSQL on their own, outside the bundles, one
+    /// contended partition at a time per shard, so that the bundles of its
+    /// shard-mates never wait on its lock. The first of them to get through
+    /// clears it. The instant is when it last went out, which picks the
+    /// contended partition whose turn it is.
+    contended: Option<Instant>,
 }
 
 impl PartitionState {
@@ -260,6 +291,19 @@ impl PartitionState {
             queue: PartitionQueue::default(),
             busy: false,
             last_used: Instant::now(),
+            contended: None,
+        }
+    }
+
+    /// Marks the partition busy and takes its next segment, not yet planned.
+    fn take_in_flight(&mut self, partition_id: i64, max_segment: usize) -> InFlight {
+        self.busy = true;
+        InFlight {
+            partition_id,
+            window_seconds: self.window_seconds,
+            state: EntryState::Cold,
+            p_verified: stile_guest::NO_VOUCH,
+            segment: self.queue.take_segment(max_segment),
         }
     }
 
@@ -347,13 +391,26 @@ struct WantsHydration {
     window_seconds: i32,
 }
 
+/// Which way a bundle went to PostgreSQL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    /// With every ready partition that is not contended, within
+    /// `max_in_flight`.
+    Shared,
+    /// One contended partition's segment on its own.
+    Contended,
+}
+
 /// A bundle's answer, or a hydration's rows, with the instant they arrived.
 enum Done {
     Bundle {
+        lane: Lane,
         segments: Vec<InFlight>,
         clock_floor: ClockFloor,
         /// One per segment, in order.
         results: Vec<Result<SegmentOutcome, PushFailure>>,
+        /// The bundle's partitions whose rows another session held.
+        locked_elsewhere: Vec<i64>,
         sql: Duration,
         received: Instant,
     },
@@ -443,25 +500,24 @@ impl Worker {
         partition.queue.add(request, indexed);
     }
 
-    /// Sends every ready partition's next segment as one bundle.
+    /// Sends every ready partition's next segment as one bundle, and a
+    /// contended partition's on its own.
     fn flush_ready(&mut self) {
+        self.flush_shared();
+        self.flush_contended();
+    }
+
+    /// Sends every ready partition that is not contended as one bundle.
+    fn flush_shared(&mut self) {
         if self.bundles_in_flight >= self.config.max_in_flight {
             return;
         }
         let mut segments: Vec<InFlight> = Vec::new();
         for (&partition_id, partition) in &mut self.partitions {
-            if partition.busy || partition.queue.is_empty() {
+            if partition.busy || partition.queue.is_empty() || partition.contended.is_some() {
                 continue;
             }
-            partition.busy = true;
-            let segment = partition.queue.take_segment(self.config.max_segment);
-            segments.push(InFlight {
-                partition_id,
-                window_seconds: partition.window_seconds,
-                state: EntryState::Cold,
-                p_verified: stile_guest::NO_VOUCH,
-                segment,
-            });
+            segments.push(partition.take_in_flight(partition_id, self.config.max_segment));
         }
         if segments.is_empty() {
             return;
@@ -469,15 +525,39 @@ impl Worker {
         // Ascending partition order keeps bundles deterministic; the push
         // function takes its locks in that order anyway.
         segments.sort_by_key(|s| s.partition_id);
+        self.bundles_in_flight += 1;
+        self.send(Lane::Shared, segments);
+    }
+
+    /// Sends the next segment of the contended partition whose turn it is,
+    /// alone, unless one is in flight already.
+    fn flush_contended(&mut self) {
+        if self.contended_in_flight {
+            return;
+        }
+        let next = self
+            .partitions
+            .iter_mut()
+            .filter(|(_, p)| !p.busy && !p.queue.is_empty())
+            .filter_map(|(&id, p)| Some((p.contended?, id, p)))
+            .min_by_key(|(last_out, id, _)| (*last_out, *id));
+        let Some((_, partition_id, partition)) = next else { return };
+        partition.contended = Some(Instant::now());
+        let segment = partition.take_in_flight(partition_id, self.config.max_segment);
+        self.contended_in_flight = true;
+        self.send(Lane::Contended, vec![segment]);
+    }
+
+    /// Plans `segments` and puts their push in flight.
+    fn send(&mut self, lane: Lane, segments: Vec<InFlight>) {
         let PlannedBundle { segments, pushes, clock_floor } = self.plan(segments);
         let db = self.db.clone();
-        self.bundles_in_flight += 1;
         let metrics = self.metrics.clone();
         self.in_flight.push(Box::pin(async move {
             let started = Instant::now();
-            let results = push_isolating(&db, &metrics, clock_floor, &pushes).await;
+            let Pushed { results, locked_elsewhere } = push_isolating(&db, &metrics, clock_floor, &pushes).await;
             let received = Instant::now();
-            Done::Bundle { segments, clock_floor, results, sql: received - started, received }
+            Done::Bundle { lane, segments, clock_floor, results, locked_elsewhere, sql: received - started, received }
         }));
     }
 
@@ -572,8 +652,12 @@ impl Worker {
 
     fn complete(&mut self, done: Done) {
         match done {
-            Done::Bundle { segments, clock_floor, results, sql, received } => {
-                self.bundles_in_flight -= 1;
+            Done::Bundle { lane, segments, clock_floor, results, locked_elsewhere, sql, received } => {
+                match lane {
+                    Lane::Shared => self.bundles_in_flight -= 1,
+                    Lane::Contended => self.contended_in_flight = false,
+                }
+                self.note_contention(lane, &segments, &results, &locked_elsewhere);
                 self.metrics.sql_call(sql);
                 assert_eq!(segments.len(), results.len(), "every segment has a result");
                 if let Some(db_ms) = results.iter().flatten().map(|o| o.clock_ms).max() {
@@ -593,6 +677,38 @@ impl Worker {
                     self.read_db_clock(DbReading { db_ms: rows.clock_ms, received });
                 }
                 self.hydrated(partition_id, window_seconds, result);
+            }
+        }
+    }
+
+    /// Marks the partitions found locked by another session contended, and
+    /// clears a contended partition whose segment got through.
+    fn note_contention(
+        &mut self,
+        lane: Lane,
+        segments: &[InFlight],
+        results: &[Result<SegmentOutcome, PushFailure>],
+        locked_elsewhere: &[i64],
+    ) {
+        for id in locked_elsewhere {
+            if let Some(partition) = self.partitions.get_mut(id) {
+                if partition.contended.is_none() {
+                    tracing::warn!(
+                        shard = self.id,
+                        partition_id = id,
+                        "partition row locked by another session; pushing it on its own until it is free"
+                    );
+                }
+                partition.contended.get_or_insert_with(Instant::now);
+            }
+        }
+        if lane == Lane::Contended {
+            for (segment, result) in segments.iter().zip(results) {
+                if result.is_ok()
+                    && let Some(partition) = self.partitions.get_mut(&segment.partition_id)
+                {
+                    partition.contended = None;
+                }
             }
         }
     }
@@ -807,28 +923,91 @@ impl Worker {
     }
 }
 
+/// What became of a bundle: one result per segment, in order, and the
+/// partitions found locked by another session.
+struct Pushed {
+    results: Vec<Result<SegmentOutcome, PushFailure>>,
+    locked_elsewhere: Vec<i64>,
+}
+
 /// Pushes a bundle and answers each of its segments, in order.
 ///
-/// When PostgreSQL refuses the bundle for a reason that may belong to one
-/// segment (anything but the database being unavailable), each segment is
-/// pushed again on its own, in order, so that a message PostgreSQL cannot
-/// take fails its own segment's requests and no other. The refused bundle
-/// wrote nothing (it was one transaction), and a segment pushed alone keeps
-/// its plan: a later segment of a partition is probed above `p_verified`,
-/// which covers whatever an earlier one stored or did not.
-async fn push_isolating(
+/// A bundle whose wait for a row lock outlasted the lock timeout goes to
+/// [`push_around_locks`]. When PostgreSQL refuses the bundle for a reason
+/// that may belong to one segment, [`push_one_by_one`] isolates it.
+async fn push_isolating(db: &Db, metrics: &Metrics, clock_floor: ClockFloor, pushes: &[SegmentPush]) -> Pushed {
+    match db.push_bundle(clock_floor, pushes).await {
+        Ok(outcomes) => Pushed { results: outcomes.into_iter().map(Ok).collect(), locked_elsewhere: Vec::new() },
+        Err(error) if error.is_lock_timeout() => push_around_locks(db, metrics, clock_floor, pushes, &error).await,
+        Err(error) => {
+            Pushed { results: push_one_by_one(db, metrics, clock_floor, pushes, &error).await, locked_elsewhere: Vec::new() }
+        }
+    }
+}
+
+/// After a bundle's lock wait timed out (it wrote nothing: it was one
+/// transaction), asks PostgreSQL which of its partitions another session
+/// holds, fails their segments (503, a retry is safe) and pushes the others
+/// again without them, once. When none is found locked (a table lock, or a
+/// wait that has passed), every segment fails as unavailable.
+async fn push_around_locks(
     db: &Db,
     metrics: &Metrics,
     clock_floor: ClockFloor,
     pushes: &[SegmentPush],
-) -> Vec<Result<SegmentOutcome, PushFailure>> {
-    let error = match db.push_bundle(clock_floor, pushes).await {
-        Ok(outcomes) => return outcomes.into_iter().map(Ok).collect(),
-        Err(error) => error,
+    error: &DbError,
+) -> Pushed {
+    metrics.bundle_lock_timeout();
+    let mut partition_ids: Vec<i64> = pushes.iter().map(|p| p.partition_id).collect();
+    partition_ids.dedup();
+    let locked_elsewhere = db.partitions_locked_elsewhere(&partition_ids).await.unwrap_or_default();
+    tracing::warn!(error = %error, segments = pushes.len(), ?locked_elsewhere, "a bundle's lock wait timed out");
+    let locked = |push: &SegmentPush| locked_elsewhere.contains(&push.partition_id);
+    let free: Vec<SegmentPush> = pushes.iter().filter(|push| !locked(push)).cloned().collect();
+    if locked_elsewhere.is_empty() {
+        return Pushed { results: vec![Err(PushFailure::from(error)); pushes.len()], locked_elsewhere };
+    }
+    let free_results = if free.is_empty() {
+        Vec::new()
+    } else {
+        match db.push_bundle(clock_floor, &free).await {
+            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+            Err(error) => push_one_by_one(db, metrics, clock_floor, &free, &error).await,
+        }
     };
+    let mut free_results = free_results.into_iter();
+    let locked_failure = PushFailure::Unavailable(format!("the partition's row is locked by another session ({error})"));
+    let results = pushes
+        .iter()
+        .map(|push| {
+            if locked(push) {
+                Err(locked_failure.clone())
+            } else {
+                free_results.next().expect("one result per segment pushed again")
+            }
+        })
+        .collect();
+    Pushed { results, locked_elsewhere }
+}
+
+/// After PostgreSQL refused a bundle with `error`: when the refusal may
+/// belong to one segment (anything but the database being unavailable),
+/// each segment is pushed again on its own, in order, so that a message
+/// PostgreSQL cannot take fails its own segment's requests and no other.
+/// The refused bundle wrote nothing (it was one transaction), and a segment
+/// pushed alone keeps its plan: a later segment of a partition is probed
+/// above `p_verified`, which covers whatever an earlier one stored or did
+/// not.
+async fn push_one_by_one(
+    db: &Db,
+    metrics: &Metrics,
+    clock_floor: ClockFloor,
+    pushes: &[SegmentPush],
+    error: &DbError,
+) -> Vec<Result<SegmentOutcome, PushFailure>> {
     if error.is_unavailable() || pushes.len() == 1 {
         tracing::warn!(error = %error, segments = pushes.len(), "bundle failed");
-        return vec![Err(PushFailure::from(&error)); pushes.len()];
+        return vec![Err(PushFailure::from(error)); pushes.len()];
     }
     tracing::warn!(error = %error, segments = pushes.len(), "bundle refused; pushing its segments one by one");
     metrics.bundle_split();

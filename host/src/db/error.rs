@@ -17,6 +17,11 @@ pub enum DbError {
     /// deadlock or serialization failure.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// A lock the statement needed was held elsewhere for longer than the
+    /// connection's `lock_timeout` (55P03): nothing was committed, and the
+    /// same call may be retried once the holder lets go.
+    #[error("database unavailable: {0}")]
+    LockTimeout(String),
     /// PostgreSQL refused the statement.
     #[error("database error{}: {message}", code.as_deref().map(|c| format!(" {c}")).unwrap_or_default())]
     Postgres {
@@ -46,7 +51,13 @@ impl DbError {
     /// True when the database is unreachable or aborted the transaction for a
     /// transient reason: answer 503, and retrying is safe.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, DbError::Unavailable(_))
+        matches!(self, DbError::Unavailable(_) | DbError::LockTimeout(_))
+    }
+
+    /// True when a lock wait outlasted `lock_timeout`: someone else holds a
+    /// row or a table the statement needed.
+    pub fn is_lock_timeout(&self) -> bool {
+        matches!(self, DbError::LockTimeout(_))
     }
 
     /// The SQLSTATE of a PostgreSQL error, if any.
@@ -68,7 +79,6 @@ fn transient(code: &SqlState) -> bool {
         || c.starts_with("58") // system error (I/O)
         || *code == SqlState::T_R_SERIALIZATION_FAILURE
         || *code == SqlState::T_R_DEADLOCK_DETECTED
-        || *code == SqlState::LOCK_NOT_AVAILABLE
         || *code == SqlState::QUERY_CANCELED
         || *code == SqlState::READ_ONLY_SQL_TRANSACTION // a standby after a failover
 }
@@ -102,7 +112,9 @@ impl From<tokio_postgres::Error> for DbError {
     fn from(e: tokio_postgres::Error) -> Self {
         if let Some(db) = e.as_db_error() {
             let message = render_db_error(db);
-            return if transient(db.code()) {
+            return if *db.code() == SqlState::LOCK_NOT_AVAILABLE {
+                DbError::LockTimeout(format!("{} ({})", message, db.code().code()))
+            } else if transient(db.code()) {
                 DbError::Unavailable(format!("{} ({})", message, db.code().code()))
             } else {
                 DbError::Postgres { code: Some(db.code().code().to_string()), message }
@@ -176,6 +188,7 @@ impl DbError {
     pub fn kind(&self) -> &'static str {
         match self {
             DbError::Unavailable(_) => "unavailable",
+            DbError::LockTimeout(_) => "lock_timeout",
             DbError::Postgres { .. } => "postgres",
             DbError::Config(_) => "config",
             DbError::Invalid(_) => "invalid",

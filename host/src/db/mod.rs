@@ -317,8 +317,32 @@ impl Db {
     /// opened on first use. A connection's I/O runs on the runtime that
     /// opened it, so a shard worker on a thread of its own keeps its
     /// round trips on that thread.
-    pub fn with_own_pool(&self, pool_size: usize) -> Result<Db, DbError> {
-        Ok(Db { pool: build_pool(&self.config, pool_size)?, config: self.config.clone() })
+    pub fn with_own_pool(&self, pool: OwnPool) -> Result<Db, DbError> {
+        let mut config = self.config.clone();
+        if let Some(lock_timeout) = pool.lock_timeout {
+            let ms = lock_timeout.as_millis().max(1);
+            let options = match self.config.get_options() {
+                Some(given) if !given.trim().is_empty() => format!("{given} -c lock_timeout={ms}"),
+                _ => format!("-c lock_timeout={ms}"),
+            };
+            config.options(&options);
+        }
+        Ok(Db { pool: build_pool(&config, pool.size)?, config: self.config.clone() })
+    }
+
+    /// Which of `partition_ids` have their row locked by another session
+    /// right now: those `FOR UPDATE SKIP LOCKED` passes over. The rows it
+    /// does lock are let go when the statement ends. After a lock wait timed
+    /// out, this tells a row held elsewhere (whose segments can be set
+    /// aside) from a table lock or a passing wait (none found).
+    pub async fn partitions_locked_elsewhere(&self, partition_ids: &[i64]) -> Result<Vec<i64>, DbError> {
+        let client = self.pool.get().await?;
+        let stmt = client
+            .prepare_cached("SELECT id FROM stile.partitions WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED")
+            .await?;
+        let free: Vec<i64> =
+            client.query(&stmt, &[&partition_ids]).await?.iter().map(|row| row.try_get("id")).collect::<Result<_, _>>()?;
+        Ok(partition_ids.iter().copied().filter(|id| !free.contains(id)).collect())
     }
 
     /// The connection string in use, keyword/value form, password hidden.
@@ -561,6 +585,17 @@ fn stored_message(row: &tokio_postgres::Row) -> Result<StoredMessage, DbError> {
         payload,
         created_ms: row.try_get(4)?,
     })
+}
+
+/// A pool of a [`Db`]'s own, beside the one it was opened with.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnPool {
+    /// Most connections open at once.
+    pub size: usize,
+    /// The longest any statement on these connections waits for a lock
+    /// (PostgreSQL's `lock_timeout`); `None` waits as long as the server's
+    /// own setting says.
+    pub lock_timeout: Option<Duration>,
 }
 
 /// A pool of up to `pool_size` connections, none opened yet.
