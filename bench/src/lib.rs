@@ -104,10 +104,40 @@ pub fn machine() -> String {
     let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
         info.lines().find_map(|line| line.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned()))
     });
+    let memory = std::fs::read_to_string("/proc/meminfo").ok().and_then(|info| {
+        let kib: u64 =
+            info.lines().find_map(|line| line.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(format!(", {:.0} GiB", kib as f64 / (1 << 20) as f64))
+    });
+    let memory = memory.unwrap_or_default();
     match model {
-        Some(model) => format!("{cores} cores, {model}"),
-        None => format!("{cores} cores"),
+        Some(model) => format!("{cores} cores{memory}, {model}"),
+        None => format!("{cores} cores{memory}"),
     }
+}
+
+/// Today's date, UTC (`2026-12-03`), so that a figure copied from a run's
+/// summary carries the day it was measured on.
+pub fn today() -> String {
+    command_output("date", &["-u", "+%F"]).unwrap_or_else(|| "an unknown date".to_owned())
+}
+
+/// The build measured: the source tree's commit, marked `+changes` when the
+/// tree differs from it, as `git` reports it for this crate's checkout.
+pub fn build() -> String {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let Some(commit) = command_output("git", &["-C", root, "rev-parse", "--short", "HEAD"]) else {
+        return "an unknown build".to_owned();
+    };
+    let changed =
+        command_output("git", &["-C", root, "status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    format!("the tree at {commit}{}", if changed { "+changes" } else { "" })
+}
+
+/// What `program args` prints, trimmed, if it runs and succeeds.
+fn command_output(program: &str, args: &[&str]) -> Option<String> {
+    let output = std::process::Command::new(program).args(args).output().ok()?;
+    output.status.success().then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 /// The 1, 5 and 15 minute load averages (Linux), for the record: the

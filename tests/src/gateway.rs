@@ -589,6 +589,19 @@ pub fn metric(text: &str, series: &str) -> f64 {
         .map_or(0.0, |value| value.trim().parse().unwrap_or_else(|e| panic!("metric {series}: {value:?}: {e}")))
 }
 
+/// The sum of every series of the metric `name`, whatever its labels (a
+/// gauge published per shard, say); 0 when there is none.
+pub fn metric_total(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let value = if rest.starts_with('{') { rest.split_once("} ")?.1 } else { rest.strip_prefix(' ')? };
+            Some(value.trim().parse::<f64>().unwrap_or_else(|e| panic!("metric {name}: {value:?}: {e}")))
+        })
+        .sum()
+}
+
 /// An HTTP/1.1 client on one keep-alive connection (reopened when the
 /// gateway closed it between requests).
 #[derive(Debug)]

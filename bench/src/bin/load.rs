@@ -377,21 +377,24 @@ async fn connection(mut client: Client, plan: Connection) -> Tally {
                 history[slot] = request;
             }
         }
-        if sent < measure_from || done > end {
-            continue;
-        }
+        // Every answer is checked, the warm-up's too; only the measured
+        // slice counts towards the rate and the latencies.
+        let measured = sent >= measure_from && done <= end;
         match reply {
             Ok(reply) if reply.status == 201 => {
                 let text = std::str::from_utf8(&reply.body).unwrap_or("");
                 let queued = text.matches(r#""status":"queued""#).count() as u64;
                 let duplicates = text.matches(r#""status":"duplicate""#).count() as u64;
+                let expected_duplicates = if retry && dedup { size as u64 } else { 0 };
+                tally.wrong += u64::from(queued + duplicates != size as u64 || duplicates != expected_duplicates);
+                if !measured {
+                    continue;
+                }
                 tally.requests += 1;
                 tally.retries += u64::from(retry);
                 tally.items += queued + duplicates;
                 tally.queued += queued;
                 tally.duplicates += duplicates;
-                let expected_duplicates = if retry && dedup { size as u64 } else { 0 };
-                tally.wrong += u64::from(queued + duplicates != size as u64 || duplicates != expected_duplicates);
                 let micros = u32::try_from(done.duration_since(sent).as_micros()).unwrap_or(u32::MAX);
                 tally.latencies_us.push(micros);
                 if retry {

@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 
 use clap::{CommandFactory as _, Parser};
 use stile_bench::peers::chart::{self, Series};
-use stile_bench::peers::systems::{Running, StartConfig, System, rss_bytes};
+use stile_bench::peers::systems::{CacheAccounting, HeldInPostgres, Running, StartConfig, System, rss_bytes};
 use stile_bench::peers::workload::{self, Plan, Slice, Tally, Transport};
 use stile_bench::pgbench::{PeerFigures, Pgbench};
-use stile_bench::{Switch, count, load_average, machine, median, run_to_end, seconds, server_version};
+use stile_bench::{Switch, build, count, load_average, machine, median, run_to_end, seconds, server_version, today};
 use stile_tests::cpu::{cpu_seconds, postgres_cpu_seconds};
 use stile_tests::gateway::fresh_database;
 
@@ -149,8 +149,10 @@ struct Pass {
 struct Memory {
     /// Resident bytes of the system's processes, by role.
     rss: Vec<(&'static str, u64)>,
-    /// Bytes PostgreSQL keeps for the check (relations on disk).
-    in_postgres: i64,
+    /// What PostgreSQL keeps for the check (relations on disk).
+    in_postgres: Option<HeldInPostgres>,
+    /// A stile gateway's cache, by its own accounting.
+    cache: Option<CacheAccounting>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -173,6 +175,7 @@ async fn run(args: Args) {
         passes.push(pass);
     }
     println!();
+    println!("peers: measured on {} by {}, on {}", today(), build(), machine());
     println!(
         "peers: {} connections, {} partitions, {} % redeliveries, messages of {} bytes, window filled to {} messages, \
          {} s warm-up + {} s measured per row, {} round(s), PostgreSQL {version}, {}, load average {load_at_start} at the \
@@ -235,7 +238,8 @@ async fn pass(args: &Args, sync: Switch) -> (Pass, String) {
         pg.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
         for running in &systems {
             let rss: Vec<(&'static str, u64)> = running.processes().iter().map(|&(role, pid)| (role, rss_bytes(pid))).collect();
-            let memory = Memory { rss, in_postgres: running.check_bytes_in_postgres(&pg).await };
+            let memory =
+                Memory { rss, in_postgres: running.held_in_postgres(&pg).await, cache: running.cache_accounting().await };
             pass.memory.insert((running.system, filled), memory);
         }
         let size = *args.sizes.iter().max().expect("a batch size");
@@ -419,7 +423,15 @@ fn print_pass(args: &Args, pass: &Pass) {
         println!("| {} | {} |", system.name(), cells.join(" | "));
     }
     if !pass.pgbench.is_empty() {
-        let cells: Vec<String> = args.sizes.iter().map(|&size| format!("{:.0} | | | ", pgbench_median(size))).collect();
+        // The client count each round's best ran with: it is capped by the
+        // server's free connections, so it is printed beside the figure.
+        let clients = |size: u32| {
+            let counts: Vec<String> =
+                (0..args.rounds).filter_map(|r| pass.pgbench.get(&(size, r))).map(|f| f.clients.to_string()).collect();
+            counts.join("/")
+        };
+        let cells: Vec<String> =
+            args.sizes.iter().map(|&size| format!("{:.0} ({} clients) | | | ", pgbench_median(size), clients(size))).collect();
         println!("| PostgreSQL alone (pgbench, no HTTP) | {} |", cells.join(" | "));
     }
 
@@ -457,8 +469,9 @@ fn print_pass(args: &Args, pass: &Pass) {
     println!();
     println!(
         "Memory: resident MiB of each system's processes at each fill level; per id held, what they grew by since the \
-         first level per id added since; and the bytes PostgreSQL keeps for the check (the relations the verdict reads, on disk) \
-         per id:"
+         first level per id added since (allocator slack included, so it moves between levels); for stile, the bytes its \
+         cache accounts for per hash it holds; and the bytes PostgreSQL keeps for the check (the relations the verdict reads, \
+         on disk; the stile gateways' shared log in proportion to each one's messages) per id it holds there:"
     );
     println!();
     let fills = filled_levels(pass);
@@ -466,11 +479,11 @@ fn print_pass(args: &Args, pass: &Pass) {
         "| system | processes | {} |",
         fills
             .iter()
-            .map(|f| format!("{f} ids: RSS MiB | bytes per id | PostgreSQL bytes per id"))
+            .map(|f| format!("{f} ids: RSS MiB | bytes per id | cache bytes per hash | PostgreSQL bytes per id"))
             .collect::<Vec<_>>()
             .join(" | ")
     );
-    println!("|---|---|{}", "---:|---:|---:|".repeat(fills.len()));
+    println!("|---|---|{}", "---:|---:|---:|---:|".repeat(fills.len()));
     for &system in &args.systems {
         let roles = pass
             .memory
@@ -480,12 +493,17 @@ fn print_pass(args: &Args, pass: &Pass) {
             .iter()
             .map(|&fill| match pass.memory.get(&(system, fill)) {
                 Some(m) => format!(
-                    "{:.0} | {:.1} | {:.1}",
+                    "{:.0} | {:.1} | {} | {}",
                     m.resident() as f64 / (1 << 20) as f64,
                     pass.bytes_per_id(system, fill),
-                    m.in_postgres as f64 / fill as f64
+                    m.cache
+                        .filter(|c| c.hashes > 0)
+                        .map_or(String::new(), |c| format!("{:.1}", c.bytes as f64 / c.hashes as f64)),
+                    m.in_postgres
+                        .filter(|held| held.ids > 0)
+                        .map_or(String::new(), |held| format!("{:.1}", held.bytes as f64 / held.ids as f64))
                 ),
-                None => " | | ".to_owned(),
+                None => " | | | ".to_owned(),
             })
             .collect();
         println!("| {} | {roles} | {} |", system.name(), cells.join(" | "));
@@ -521,7 +539,7 @@ fn print_pass(args: &Args, pass: &Pass) {
     }
 
     println!();
-    println!("Exactness: every acknowledged message read back.");
+    println!("{}", exactness_line(args, pass));
     println!();
     println!("| system | acknowledged ids | stored | duplicates stored | acknowledged but missing | wrong answers | errors |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
@@ -538,6 +556,24 @@ fn print_pass(args: &Args, pass: &Pass) {
             e.missing
         );
     }
+}
+
+/// What the read-back found, said from its counts: every system's
+/// acknowledged ids, and how many were stored twice, missing, answered
+/// wrongly (warm-up included) or failed.
+fn exactness_line(args: &Args, pass: &Pass) -> String {
+    let found: Vec<Exactness> = args.systems.iter().map(|s| pass.exactness.get(s).cloned().unwrap_or_default()).collect();
+    let acknowledged: usize = found.iter().map(|e| e.acknowledged).sum();
+    let twice: u64 = found.iter().map(|e| e.duplicates_stored).sum();
+    let missing: usize = found.iter().map(|e| e.missing).sum();
+    let wrong: u64 = pass.rounds.values().map(|f| f.wrong).sum();
+    let errors: u64 = pass.rounds.values().map(|f| f.errors).sum();
+    let verdict = if twice == 0 && missing == 0 && wrong == 0 && errors == 0 { "exact" } else { "NOT EXACT" };
+    format!(
+        "Exactness ({verdict}): {acknowledged} acknowledged ids of {} systems read back: {twice} stored twice, {missing} \
+         acknowledged but missing, {wrong} wrong answers, {errors} errors.",
+        found.len()
+    )
 }
 
 /// The fill levels a pass recorded, ascending.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::{StreamExt as _, pin_mut};
 use stile::db::config_to_url;
-use stile_tests::gateway::{Client, Gateway, GatewayOptions, Process, beside_this_program, listening_addr};
+use stile_tests::gateway::{Client, Gateway, GatewayOptions, Process, beside_this_program, listening_addr, metric_total};
 use stile_tests::pg::TestDb;
 
 use super::jetstream::JetStream;
@@ -94,6 +94,20 @@ enum Kind {
     Nats(JetStream),
 }
 
+/// The bytes PostgreSQL keeps for a system's check, and the ids in them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HeldInPostgres {
+    pub bytes: i64,
+    pub ids: i64,
+}
+
+/// A stile gateway's cache, by its own accounting.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheAccounting {
+    pub bytes: u64,
+    pub hashes: u64,
+}
+
 /// What every system is started with.
 #[derive(Clone, Debug)]
 pub struct StartConfig {
@@ -155,18 +169,42 @@ impl Running {
         }
     }
 
-    /// Bytes PostgreSQL keeps for this system's check: the relations the
-    /// verdict reads (stile's log, which holds the messages beside the hashes;
-    /// the peer's unique index), or 0.
-    pub async fn check_bytes_in_postgres(&self, pg: &tokio_postgres::Client) -> i64 {
-        let sql = match &self.kind {
-            Kind::Stile(_) => "SELECT pg_total_relation_size('stile.log')",
-            Kind::Endpoint { design: Design::Postgres, .. } => {
-                "SELECT pg_relation_size('peer_http.messages_partition_transaction_id_key')"
+    /// What PostgreSQL keeps for this system's check: the relations the
+    /// verdict reads (stile's log, which holds the messages beside the
+    /// hashes; the peer's unique index) and the ids they hold, or `None`
+    /// for a system that keeps nothing there. The stile gateways share one
+    /// log, so each is charged the log's size in proportion to the messages
+    /// of its own queue.
+    pub async fn held_in_postgres(&self, pg: &tokio_postgres::Client) -> Option<HeldInPostgres> {
+        let row = match &self.kind {
+            Kind::Stile(_) => {
+                let sql = "SELECT (pg_total_relation_size('stile.log') * coalesce(sum(n) FILTER (WHERE mine), 0) \
+                                   / greatest(coalesce(sum(n), 0), 1))::bigint AS bytes, \
+                                  coalesce(sum(n) FILTER (WHERE mine), 0)::bigint AS ids \
+                           FROM (SELECT l.end_offset - l.base_offset + 1 AS n, p.queue = $1 AS mine \
+                                 FROM stile.log l JOIN stile.partitions p ON p.id = l.partition_id) AS segments";
+                pg.query_one(sql, &[&self.system.queue()]).await
             }
-            _ => return 0,
+            Kind::Endpoint { design: Design::Postgres, .. } => {
+                let sql = "SELECT pg_relation_size('peer_http.messages_partition_transaction_id_key') AS bytes, \
+                                  (SELECT count(*) FROM peer_http.messages) AS ids";
+                pg.query_one(sql, &[]).await
+            }
+            _ => return None,
         };
-        pg.query_one(sql, &[]).await.expect("a relation's size").get(0)
+        let row = row.expect("a relation's size");
+        Some(HeldInPostgres { bytes: row.get("bytes"), ids: row.get("ids") })
+    }
+
+    /// What the cache of a stile gateway accounts for itself: its bytes and
+    /// the hashes it holds, summed over its shards; `None` for the others.
+    pub async fn cache_accounting(&self) -> Option<CacheAccounting> {
+        let Kind::Stile(gateway) = &self.kind else { return None };
+        let text = gateway.client().await.metrics().await;
+        Some(CacheAccounting {
+            bytes: metric_total(&text, "stile_cache_bytes") as u64,
+            hashes: metric_total(&text, "stile_cache_hashes") as u64,
+        })
     }
 
     /// Every stored message's transactionId, counted.

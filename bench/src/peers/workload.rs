@@ -179,12 +179,14 @@ pub async fn connection(mut transport: Transport, plan: Plan) -> Tally {
                 history[rng.random_range(0..HISTORY)] = request;
             }
         }
+        // Every answer is checked, the warm-up's too; only the measured
+        // slice counts towards the rate and the latencies.
+        tally.wrong += verdicts.iter().filter(|&&new| new == redelivery).count() as u64;
         if sent < plan.measure_from || done > plan.end {
             continue;
         }
         tally.requests += 1;
         tally.messages += verdicts.len() as u64;
-        tally.wrong += verdicts.iter().filter(|&&new| new == redelivery).count() as u64;
         tally.latencies_us.push(u32::try_from(done.duration_since(sent).as_micros()).unwrap_or(u32::MAX));
     }
 }
