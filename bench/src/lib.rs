@@ -31,6 +31,26 @@ pub fn write_push_body(body: &mut String, queue: &str, partition: usize, tag: &s
     body.push_str("]}");
 }
 
+/// A redelivery of stored messages: items of partition `p{partition}` of
+/// `queue` whose transactionIds are `prefill-p{partition}-{i}` for each `i`
+/// of `ids`, the ids the load generators prefill a window with. Written
+/// into `body`, which is cleared first.
+pub fn write_replay_body(body: &mut String, queue: &str, partition: usize, ids: &[usize]) {
+    use std::fmt::Write as _;
+    body.clear();
+    body.push_str(r#"{"items":["#);
+    for (k, i) in ids.iter().enumerate() {
+        if k > 0 {
+            body.push(',');
+        }
+        let _ = write!(
+            body,
+            r#"{{"queue":"{queue}","partition":"p{partition}","transactionId":"prefill-p{partition}-{i}","payload":{{"order":{i},"amount":99.5,"currency":"EUR"}}}}"#
+        );
+    }
+    body.push_str("]}");
+}
+
 /// The latency at percentile `p` (nearest rank) of latencies in
 /// microseconds sorted ascending, in milliseconds; NaN if there are none.
 pub fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {

@@ -64,6 +64,7 @@ use stile::db::config_to_url;
 use stile_bench::pgbench::{PeerFigures, Pgbench};
 use stile_bench::{
     Switch, count, load_average, machine, median, percentile_ms, run_to_end, seconds, server_version, write_push_body,
+    write_replay_body,
 };
 use stile_tests::cpu::{context_switches, cpu_seconds, postgres_pids};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
@@ -101,7 +102,8 @@ struct Args {
     /// Percent of the requests that re-send an earlier request of the same connection, byte for byte.
     #[arg(long, default_value = "10", value_parser = count::<u32>)]
     retry_percent: u32,
-    /// Gateway configurations, comma-separated: warm (wasm engine), native (native engine), off (window 0), cold (--cache-mb 0).
+    /// Gateway configurations, comma-separated: warm (wasm engine), native (native engine), off (window 0), cold (--cache-mb 0),
+    /// storm (the warm gateway answering replays of ids stored before the run, at random: a redelivery storm).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "warm,native,off,cold")]
     configs: Vec<Config>,
     /// Turns per batch size (at least 1): in round r every configuration is measured once, starting at the list's
@@ -168,6 +170,10 @@ enum Config {
     Native,
     Off,
     Cold,
+    /// A redelivery storm: the warm (wasm) gateway answering requests that
+    /// replay ids stored long ago (the prefill, inside the window), chosen
+    /// at random; every item must answer `duplicate`.
+    Storm,
 }
 
 impl Config {
@@ -177,6 +183,7 @@ impl Config {
             Config::Native => "warm (native)",
             Config::Off => "dedup off (window 0)",
             Config::Cold => "cache off (--cache-mb 0)",
+            Config::Storm => "redelivery storm (wasm)",
         }
     }
 
@@ -194,6 +201,7 @@ impl Config {
             Config::Native => "load-native",
             Config::Off => "load-off",
             Config::Cold => "load-cold",
+            Config::Storm => "load-storm",
         }
     }
 
@@ -213,7 +221,13 @@ impl Config {
 
 /// One gateway process per configuration, each primed: its pool opens its
 /// connections and, dedup on, its cache hydrates every partition.
-async fn start_gateways(t: &TestDb, pg: &tokio_postgres::Client, args: &Args, size: usize) -> Vec<(Config, Gateway)> {
+async fn start_gateways(
+    t: &TestDb,
+    pg: &tokio_postgres::Client,
+    args: &Args,
+    size: usize,
+    prefilled: usize,
+) -> Vec<(Config, Gateway)> {
     let mut gateways = Vec::with_capacity(args.configs.len());
     for &config in &args.configs {
         let mut named = t.config().clone();
@@ -221,7 +235,7 @@ async fn start_gateways(t: &TestDb, pg: &tokio_postgres::Client, args: &Args, si
         gateways.push((config, Gateway::start_with(&config_to_url(&named, true), &config.options()).await));
     }
     for (config, gw) in &gateways {
-        let primed = measure(gw, pg, args, Slice { warmup: 1.0, secs: 2.0 }, *config, "prime", size).await;
+        let primed = measure(gw, pg, args, Slice { warmup: 1.0, secs: 2.0 }, *config, "prime", size, prefilled).await;
         eprintln!("  primed {:<26} {} hydrations, {:.0} msg/s", config.name(), primed.hydrations, primed.rate);
     }
     gateways
@@ -340,6 +354,9 @@ struct Connection {
     /// Whether the queue deduplicates: a retry must then answer
     /// `duplicate` for every item, and otherwise `queued`.
     dedup: bool,
+    /// Set for a redelivery storm: every request replays ids of the
+    /// prefill, of which each partition holds this many.
+    replays_of: Option<usize>,
     measure_from: Instant,
     end: Instant,
 }
@@ -347,7 +364,7 @@ struct Connection {
 /// One connection's loop: fresh batches and retries until `end`; only
 /// requests sent at or after `measure_from` and answered by `end` count.
 async fn connection(mut client: Client, plan: Connection) -> Tally {
-    let Connection { queue, tag, partitions, size, retry_percent, dedup, measure_from, end } = plan;
+    let Connection { queue, tag, partitions, size, retry_percent, dedup, replays_of, measure_from, end } = plan;
     let mut rng = SmallRng::seed_from_u64(tag.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))));
     let mut history: Vec<Bytes> = Vec::with_capacity(HISTORY);
     let mut tally = Tally::default();
@@ -358,8 +375,13 @@ async fn connection(mut client: Client, plan: Connection) -> Tally {
         if sent >= end {
             return tally;
         }
-        let retry = !history.is_empty() && rng.random_range(0..100) < retry_percent;
-        let request = if retry {
+        let retry = replays_of.is_some() || (!history.is_empty() && rng.random_range(0..100) < retry_percent);
+        let request = if let Some(prefilled) = replays_of {
+            let partition = rng.random_range(0..partitions);
+            let ids: Vec<usize> = (0..size).map(|_| rng.random_range(0..prefilled)).collect();
+            write_replay_body(&mut body, queue, partition, &ids);
+            Bytes::from(body.clone())
+        } else if retry {
             history[rng.random_range(0..history.len())].clone()
         } else {
             let partition = rng.random_range(0..partitions);
@@ -369,7 +391,7 @@ async fn connection(mut client: Client, plan: Connection) -> Tally {
         };
         let reply = client.send(Method::POST, "/api/v1/push", request.clone(), &[("content-type", "application/json")]).await;
         let done = Instant::now();
-        if !retry {
+        if !retry && replays_of.is_none() {
             if history.len() < HISTORY {
                 history.push(request);
             } else {
@@ -522,6 +544,7 @@ async fn measure(
     config: Config,
     label: &str,
     size: usize,
+    prefilled: usize,
 ) -> Figures {
     let mut clients = Vec::with_capacity(args.conns);
     for _ in 0..args.conns {
@@ -541,6 +564,7 @@ async fn measure(
             size,
             retry_percent: args.retry_percent,
             dedup: config.dedup(),
+            replays_of: (config == Config::Storm).then_some(prefilled),
             measure_from,
             end,
         };
@@ -613,18 +637,18 @@ async fn run(args: Args) {
         Some(Pgbench::prepare(&c, t.config(), args.partitions, per_partition as usize).await)
     };
     let mut peer_results: Vec<(usize, usize, PeerFigures)> = Vec::new();
-    let mut gateways = start_gateways(&t, &c, &args, args.sizes[0]).await;
+    let mut gateways = start_gateways(&t, &c, &args, args.sizes[0], per_partition as usize).await;
     let slice = Slice { warmup: args.warmup, secs: args.secs };
     let mut results: Vec<Measured> = Vec::new();
     for (s, &size) in args.sizes.iter().enumerate() {
         for round in 0..args.rounds {
             if args.fresh_gateways.is_on() && (s, round) != (0, 0) {
                 drop(gateways);
-                gateways = start_gateways(&t, &c, &args, size).await;
+                gateways = start_gateways(&t, &c, &args, size, per_partition as usize).await;
             }
             for k in 0..gateways.len() {
                 let (config, gw) = &gateways[(round + k) % gateways.len()];
-                let figures = measure(gw, &c, &args, slice, *config, &format!("r{round}"), size).await;
+                let figures = measure(gw, &c, &args, slice, *config, &format!("r{round}"), size, per_partition as usize).await;
                 eprintln!(
                     "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.1}, PostgreSQL {:.1} (its backends {:.1}), generator {:.1}; {:.2} context switches per message; per message: {:.0} WAL bytes, {:.2} WAL records, {:.2} index entries)",
                     config.name(),
@@ -748,6 +772,20 @@ async fn run(args: Args) {
             )
         };
         println!("| {size} | {} | {} | {} |", cell(Config::Off), cell(Config::Cold), cell(Config::Native));
+    }
+    if args.configs.contains(&Config::Storm) {
+        println!();
+        println!("A redelivery storm against new messages (target >= 0.9), the same gateway configuration:");
+        println!();
+        println!("| batch | storm / warm |");
+        println!("|---:|---:|");
+        for &size in &args.sizes {
+            println!(
+                "| {size} | {:.2} ({:.2}) |",
+                paired(Config::Storm, Config::Warm, size),
+                median_rate(Config::Storm, size) / median_rate(Config::Warm, size)
+            );
+        }
     }
     if peer.is_some() {
         print_peer(&args, &results, &peer_results);
