@@ -19,9 +19,10 @@
 //! |---|---|---|---|---|---|----|----|----|
 //! | FPR % | 0.169 | 0.122 | 0.099 | 0.087 | 0.0826 | 0.0825 | 0.086 | 0.093 |
 //!
-//! K = 9 and K = 10 tie within the formula's precision; the measurement in
-//! `tests::measured_fpr_at_full_load` decides (see there), and the test
-//! `tests::chosen_k_is_the_analytic_optimum` keeps the table honest.
+//! K = 9 and K = 10 tie within the formula's precision, and measured on a
+//! full filter they tie too (`tests::measured_fpr_follows_the_analytic_rate_for_k9_and_k10`);
+//! K = 10 is kept. `tests::measured_fpr_at_full_load` holds K to its bound,
+//! and `tests::chosen_k_is_the_analytic_optimum` keeps the table honest.
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -365,14 +366,17 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "compares k = 9 and k = 10 over many probes; run by hand"]
-    fn measured_fpr_k9_versus_k10() {
+    fn measured_fpr_follows_the_analytic_rate_for_k9_and_k10() {
+        // The analytic rates pick K (`chosen_k_is_the_analytic_optimum`);
+        // this holds them to what a full filter does for both contenders.
+        // At a million probes a rate near 0.08 % has a standard deviation
+        // of about 0.003 %: 0.015 % is five of them.
         let capacity = TIERS[TIERS.len() - 1];
-        for seed in 1..=4 {
-            let k9 = measured_fpr::<9>(capacity, 4_000_000, seed);
-            let k10 = measured_fpr::<10>(capacity, 4_000_000, seed);
-            println!("seed {seed}: k=9 {:.5} %, k=10 {:.5} %", k9 * 100.0, k10 * 100.0);
-        }
+        let probes = 1_000_000;
+        let k9 = measured_fpr::<9>(capacity, probes, 9);
+        let k10 = measured_fpr::<10>(capacity, probes, 10);
+        assert!((k9 - analytic_fpr(9)).abs() < 0.000_15, "k = 9: measured {k9}, analytic {}", analytic_fpr(9));
+        assert!((k10 - analytic_fpr(10)).abs() < 0.000_15, "k = 10: measured {k10}, analytic {}", analytic_fpr(10));
     }
 
     #[test]
@@ -459,34 +463,5 @@ mod tests {
         let bloom = Bloom::new(TIERS[1]);
         assert_eq!(line_index(u128::MAX >> 64, bloom.line_shift), 0);
         assert_eq!(line_index(u128::MAX, bloom.line_shift), bloom.lines.len() - 1);
-    }
-
-    #[test]
-    #[ignore = "timing; run by hand with --nocapture"]
-    fn batch_probe_timing() {
-        let capacity = TIERS[TIERS.len() - 1];
-        let mut hashes = Hashes(21);
-        let blooms: Vec<Bloom> = (0..8)
-            .map(|_| {
-                let mut bloom = Bloom::new(capacity);
-                (0..capacity).for_each(|_| bloom.insert(hashes.next_hash()));
-                bloom
-            })
-            .collect();
-        // Fresh probes every round, so that the lines come from DRAM.
-        let batch = 1_024;
-        let rounds = 500;
-        let probes: Vec<Hash> = (0..batch * rounds).map(|_| hashes.next_hash()).collect();
-        let filters: Vec<&Bloom> = blooms.iter().collect();
-        let mut maybes = Vec::new();
-        let start = std::time::Instant::now();
-        let mut total = 0;
-        for chunk in probes.chunks(batch) {
-            maybe_many(filters.iter().copied(), chunk, &mut maybes);
-            total += maybes.len();
-        }
-        let elapsed = start.elapsed();
-        let probes = probes.len() * filters.len();
-        println!("{:.1} ns per probe ({total} maybes)", elapsed.as_nanos() as f64 / probes as f64);
     }
 }

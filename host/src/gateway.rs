@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytestring::ByteString;
 use deadpool_postgres::GenericClient;
@@ -22,11 +22,7 @@ use crate::db::{
 use crate::fusion::Message;
 use crate::hash::txn_hash;
 use crate::metrics::Metrics;
-use crate::shard::{Committed, Outcome, PartitionPushRequest, PushFailure, ShardHandle, VouchRequest};
-
-/// How long partition metadata is trusted. It bounds how long a configure can
-/// go unnoticed by the cache; the push function guards exactness meanwhile.
-pub const METADATA_TTL: Duration = Duration::from_secs(30);
+use crate::shard::{Committed, METADATA_TTL, Outcome, PartitionPushRequest, PushFailure, ShardHandle, VouchRequest};
 
 /// Most memoised partitions; beyond it the memo starts afresh.
 const METADATA_CAP: usize = 100_000;
@@ -47,7 +43,7 @@ pub struct PushResult {
 pub struct Gateway {
     db: Db,
     shards: Vec<ShardHandle>,
-    metadata: Mutex<HashMap<(String, String), (PartitionMeta, Instant)>>,
+    metadata: Mutex<HashMap<(String, String), MetaRead>>,
     metrics: Arc<Metrics>,
     /// Woken when a timer is scheduled through this gateway, so that its
     /// firer looks again at once.
@@ -116,7 +112,7 @@ impl Gateway {
         let plan = RequestPlan::new(items);
         let plan = &plan;
         let groups = plan.groups.iter().map(|((queue, partition), leaders)| async move {
-            let (meta, window_read_at) = self.partition(queue, partition).await?;
+            let MetaRead { meta, read_at: window_read_at } = self.partition(queue, partition).await?;
             let messages = leaders.iter().map(|&item| plan.messages[item].clone()).collect();
             let shard = &self.shards[shard_of(meta.id, self.shards.len())];
             let request =
@@ -164,7 +160,7 @@ impl Gateway {
             self.partitions_in(client, groups.keys().map(|&(queue, partition)| PartitionName { queue, partition })).await?;
         let mut segments = Vec::with_capacity(groups.len());
         let mut clock_floor = ClockFloor::EPOCH;
-        for (leaders, (meta, window_read_at)) in groups.values().zip(metas) {
+        for (leaders, MetaRead { meta, read_at: window_read_at }) in groups.values().zip(metas) {
             let segment_hashes: Vec<u8> = leaders.iter().flat_map(|&i| hashes[i]).collect();
             let shard = &self.shards[shard_of(meta.id, self.shards.len())];
             let vouch = shard
@@ -268,7 +264,7 @@ impl Gateway {
     /// A partition's metadata, memoised for [`METADATA_TTL`]; created in
     /// PostgreSQL on first use.
     /// Answers the metadata with the instant it was read from PostgreSQL.
-    async fn partition(&self, queue: &str, partition: &str) -> Result<(PartitionMeta, Instant), PushFailure> {
+    async fn partition(&self, queue: &str, partition: &str) -> Result<MetaRead, PushFailure> {
         self.partition_meta(queue, partition).await.map_err(|error| {
             if error.is_unavailable() {
                 PushFailure::Unavailable(error.to_string())
@@ -278,7 +274,7 @@ impl Gateway {
         })
     }
 
-    async fn partition_meta(&self, queue: &str, partition: &str) -> Result<(PartitionMeta, Instant), DbError> {
+    async fn partition_meta(&self, queue: &str, partition: &str) -> Result<MetaRead, DbError> {
         if let Some(memoised) = self.memoised(PartitionName { queue, partition }) {
             return Ok(memoised);
         }
@@ -287,15 +283,15 @@ impl Gateway {
         if memo.len() >= METADATA_CAP {
             memo.clear();
         }
-        let read_at = Instant::now();
-        memo.insert((queue.to_owned(), partition.to_owned()), (meta, read_at));
-        Ok((meta, read_at))
+        let read = MetaRead { meta, read_at: Instant::now() };
+        memo.insert((queue.to_owned(), partition.to_owned()), read);
+        Ok(read)
     }
 
     /// A partition's memoised metadata, if it is fresh.
-    fn memoised(&self, name: PartitionName<'_>) -> Option<(PartitionMeta, Instant)> {
+    fn memoised(&self, name: PartitionName<'_>) -> Option<MetaRead> {
         let key = (name.queue.to_owned(), name.partition.to_owned());
-        self.metadata.lock().expect("not poisoned").get(&key).filter(|(_, at)| at.elapsed() < METADATA_TTL).copied()
+        self.metadata.lock().expect("not poisoned").get(&key).filter(|read| read.read_at.elapsed() < METADATA_TTL).copied()
     }
 
     /// Partitions' metadata, in order: from the memo where it is fresh,
@@ -306,15 +302,15 @@ impl Gateway {
         &self,
         client: &impl GenericClient,
         names: impl Iterator<Item = PartitionName<'_>>,
-    ) -> Result<Vec<(PartitionMeta, Instant)>, DbError> {
+    ) -> Result<Vec<MetaRead>, DbError> {
         let names: Vec<PartitionName<'_>> = names.collect();
-        let mut known: Vec<Option<(PartitionMeta, Instant)>> = names.iter().map(|&name| self.memoised(name)).collect();
+        let mut known: Vec<Option<MetaRead>> = names.iter().map(|&name| self.memoised(name)).collect();
         let unknown: Vec<PartitionName<'_>> =
             names.iter().zip(&known).filter(|(_, meta)| meta.is_none()).map(|(&name, _)| name).collect();
         let read_at = Instant::now();
         let mut resolved = resolve_partitions_on(client, &unknown).await?.into_iter();
         for meta in known.iter_mut().filter(|meta| meta.is_none()) {
-            *meta = Some((resolved.next().expect("one meta per unknown name"), read_at));
+            *meta = Some(MetaRead { meta: resolved.next().expect("one meta per unknown name"), read_at });
         }
         Ok(known.into_iter().map(|meta| meta.expect("every name resolved")).collect())
     }
@@ -324,6 +320,14 @@ impl Gateway {
     pub fn forget_queue(&self, queue: &str) {
         self.metadata.lock().expect("not poisoned").retain(|(q, _), _| q != queue);
     }
+}
+
+/// A partition's metadata and the instant it was read from PostgreSQL,
+/// which bounds how stale its window may be.
+#[derive(Clone, Copy, Debug)]
+struct MetaRead {
+    meta: PartitionMeta,
+    read_at: Instant,
 }
 
 /// A partition always maps to the same shard.

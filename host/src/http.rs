@@ -260,12 +260,8 @@ impl<'a> PushEntry<'a> {
 
 async fn configure(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let body = read_body(app, request, held).await?;
-    let request = api::parse_configure(&body)?;
-    let mode = match request.mode {
-        api::ConfigureMode::Merge => crate::db::ConfigureMode::Merge,
-        api::ConfigureMode::Replace => crate::db::ConfigureMode::Replace,
-    };
-    let stored = match app.gateway.db().configure(&request.queue, &request.options, mode).await {
+    let request = crate::configure::parse_configure(&body)?;
+    let stored = match app.gateway.db().configure(&request.queue, &request.options, request.mode).await {
         Ok(stored) => stored,
         Err(ConfigureError::Invalid(message)) => return Err(Failure::Status(StatusCode::BAD_REQUEST, message)),
         Err(ConfigureError::Db(error)) => return Err(error.into()),

@@ -196,9 +196,9 @@ pub const ANSWER_TOO_LARGE: &str = "SK002";
 /// when [`Applied::failed`] is set.
 pub async fn apply_in(client: &impl GenericClient, ops: &[KvOp], limit: AnswerLimit) -> Result<Applied, DbError> {
     let json = serde_json::to_value(ops).expect("operations serialise");
-    let stmt = client.prepare_cached("SELECT stile.kv_apply($1::jsonb, $2)").await?;
+    let stmt = client.prepare_cached("SELECT stile.kv_apply($1::jsonb, $2) AS answer").await?;
     let row = client.query_one(&stmt, &[&json, &limit.0]).await?;
-    applied(row.try_get(0)?, ops.len())
+    applied(row.try_get("answer")?, ops.len())
 }
 
 /// The SQLSTATE under which `stile.kv_apply_atomic` raises a lost
@@ -210,9 +210,9 @@ const PRECONDITION_LOST: &str = "SK001";
 pub async fn apply(db: &Db, ops: &[KvOp], limit: AnswerLimit) -> Result<Applied, DbError> {
     let client = db.pool().get().await?;
     let json = serde_json::to_value(ops).expect("operations serialise");
-    let stmt = client.prepare_cached("SELECT stile.kv_apply_atomic($1::jsonb, $2)").await?;
+    let stmt = client.prepare_cached("SELECT stile.kv_apply_atomic($1::jsonb, $2) AS answer").await?;
     match client.query_one(&stmt, &[&json, &limit.0]).await {
-        Ok(row) => applied(row.try_get(0)?, ops.len()),
+        Ok(row) => applied(row.try_get("answer")?, ops.len()),
         Err(error) => match error.as_db_error() {
             Some(db) if db.code().code() == PRECONDITION_LOST => {
                 let answer = serde_json::from_str(db.message())
@@ -240,7 +240,7 @@ fn applied(answer: Value, count: usize) -> Result<Applied, DbError> {
 /// Deletes keys whose time has passed, up to `limit`; answers how many.
 pub async fn purge(db: &Db, limit: i32) -> Result<i64, DbError> {
     let client = db.pool().get().await?;
-    Ok(client.query_one("SELECT stile.kv_purge($1)", &[&limit]).await?.try_get(0)?)
+    Ok(client.query_one("SELECT stile.kv_purge($1) AS purged", &[&limit]).await?.try_get("purged")?)
 }
 
 fn parse_op(context: OpsContext, at: &str, op: &Value) -> Result<KvOp, BadRequest> {

@@ -14,6 +14,7 @@
 pub mod api;
 pub mod cache;
 pub mod component;
+pub mod configure;
 pub mod conn;
 pub mod db;
 pub mod fusion;

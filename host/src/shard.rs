@@ -106,6 +106,12 @@ impl Default for WorkerConfig {
     }
 }
 
+/// How long partition metadata is trusted: the gateway memoises a
+/// partition's window this long, and a shard forgets a partition idle this
+/// long. It bounds how long a configure can go unnoticed by the cache; the
+/// push function guards exactness meanwhile.
+pub const METADATA_TTL: Duration = Duration::from_secs(30);
+
 /// Connections of a shard's pool beyond one per bundle in flight and the
 /// contended partitions' one: hydrations do not wait for pushes.
 pub const HYDRATION_CONNECTIONS: usize = 2;
@@ -914,7 +920,7 @@ impl Worker {
         self.cache.expire(now);
         // Forget the state of partitions idle for as long as the metadata
         // memo lives; their cache entries stay.
-        self.partitions.retain(|_, p| p.busy || !p.queue.is_empty() || p.last_used.elapsed() < crate::gateway::METADATA_TTL);
+        self.partitions.retain(|_, p| p.busy || !p.queue.is_empty() || p.last_used.elapsed() < METADATA_TTL);
         let stats = self.cache.stats();
         self.metrics.publish_shard(self.id, &stats, self.cache.rebuilds());
         if stats.suppressed > 0 {

@@ -119,8 +119,8 @@ pub fn cancel_op(queue: &str, timer_key: &str, txn: Option<String>) -> Result<Ti
 /// operation.
 pub async fn apply_in(client: &impl GenericClient, ops: &[TimerOp]) -> Result<Vec<Value>, DbError> {
     let json = serde_json::to_value(ops).expect("operations serialise");
-    let stmt = client.prepare_cached("SELECT stile.timers_apply($1::jsonb)").await?;
-    let answer: Value = client.query_one(&stmt, &[&json]).await?.try_get(0)?;
+    let stmt = client.prepare_cached("SELECT stile.timers_apply($1::jsonb) AS results").await?;
+    let answer: Value = client.query_one(&stmt, &[&json]).await?.try_get("results")?;
     match answer {
         Value::Array(results) if results.len() == ops.len() => Ok(results),
         _ => Err(DbError::Protocol("stile.timers_apply answered a result per operation".into())),
@@ -149,13 +149,13 @@ pub async fn peek(gateway: &Gateway, queue: &str, timer_key: &str) -> Result<Opt
     let client = gateway.db().pool().get().await?;
     let row = client
         .query_opt(
-            "SELECT stile.timer_row(t) || jsonb_build_object('found', true, 'payload', t.payload::text) \
+            "SELECT stile.timer_row(t) || jsonb_build_object('found', true, 'payload', t.payload::text) AS timer \
              FROM stile.timers t WHERE t.queue = $1 AND t.timer_key = $2::text COLLATE \"C\"",
             &[&queue, &timer_key],
         )
         .await?;
     let Some(row) = row else { return Ok(None) };
-    let mut value: Value = row.try_get(0)?;
+    let mut value: Value = row.try_get("timer")?;
     // The wire carries payloads as base64 of their bytes.
     if let Some(Value::String(text)) = value.get("payload").cloned() {
         value["payload"] = Value::from(base64::engine::general_purpose::STANDARD.encode(text.as_bytes()));
@@ -166,7 +166,7 @@ pub async fn peek(gateway: &Gateway, queue: &str, timer_key: &str) -> Result<Opt
 /// A page of a queue's pending timers, by key.
 pub async fn list(gateway: &Gateway, queue: &str, after: Option<&str>, limit: i32) -> Result<Value, DbError> {
     let client = gateway.db().pool().get().await?;
-    Ok(client.query_one("SELECT stile.timers_list($1, $2, $3)", &[&queue, &after, &limit]).await?.try_get(0)?)
+    Ok(client.query_one("SELECT stile.timers_list($1, $2, $3) AS page", &[&queue, &after, &limit]).await?.try_get("page")?)
 }
 
 /// Fires due timers until none is due, then sleeps until the next one is
@@ -195,8 +195,9 @@ pub async fn fire_loop(gateway: Arc<Gateway>) {
 pub async fn fire_due(gateway: &Gateway) -> Result<usize, DbError> {
     let mut client = gateway.db().pool().get().await?;
     let tx = client.transaction().await?;
-    let stmt =
-        tx.prepare_cached("SELECT queue, partition, txn, message_id, payload::text FROM stile.timers_take_due($1)").await?;
+    let stmt = tx
+        .prepare_cached("SELECT queue, partition, txn, message_id, payload::text AS payload FROM stile.timers_take_due($1)")
+        .await?;
     let rows = tx.query(&stmt, &[&FIRE_BATCH]).await?;
     if rows.is_empty() {
         tx.rollback().await?;
@@ -204,13 +205,13 @@ pub async fn fire_due(gateway: &Gateway) -> Result<usize, DbError> {
     }
     let mut pushes = Vec::with_capacity(rows.len());
     for row in &rows {
-        let payload: String = row.try_get(4)?;
+        let payload: String = row.try_get("payload")?;
         let raw = RawValue::from_string(payload).map_err(|e| DbError::Protocol(format!("a timer's payload: {e}")))?;
         pushes.push(TransactionalPush {
-            queue: row.try_get(0)?,
-            partition: row.try_get(1)?,
-            transaction_id: row.try_get(2)?,
-            message_id: row.try_get(3)?,
+            queue: row.try_get("queue")?,
+            partition: row.try_get("partition")?,
+            transaction_id: row.try_get("txn")?,
+            message_id: row.try_get("message_id")?,
             payload: Payload::from(raw),
         });
     }
@@ -224,7 +225,7 @@ pub async fn fire_due(gateway: &Gateway) -> Result<usize, DbError> {
 
 async fn next_due(gateway: &Gateway) -> Result<Duration, DbError> {
     let client = gateway.db().pool().get().await?;
-    let ms: Option<i64> = client.query_one("SELECT stile.timers_next_due_ms()", &[]).await?.try_get(0)?;
+    let ms: Option<i64> = client.query_one("SELECT stile.timers_next_due_ms() AS due_in_ms", &[]).await?.try_get("due_in_ms")?;
     Ok(ms.map_or(MAX_SLEEP, |ms| Duration::from_millis(ms.max(0) as u64).min(MAX_SLEEP)))
 }
 

@@ -235,7 +235,9 @@ async fn start_gateways(
         gateways.push((config, Gateway::start_with(&config_to_url(&named, true), &config.options()).await));
     }
     for (config, gw) in &gateways {
-        let primed = measure(gw, pg, args, Slice { warmup: 1.0, secs: 2.0 }, *config, "prime", size, prefilled).await;
+        let primed =
+            measure(gw, pg, args, Slice { warmup: 1.0, secs: 2.0 }, Turn { config: *config, label: "prime", size, prefilled })
+                .await;
         eprintln!("  primed {:<26} {} hydrations, {:.0} msg/s", config.name(), primed.hydrations, primed.rate);
     }
     gateways
@@ -536,16 +538,19 @@ struct Slice {
     secs: f64,
 }
 
-async fn measure(
-    gw: &Gateway,
-    pg: &tokio_postgres::Client,
-    args: &Args,
-    slice: Slice,
+/// What one measurement pushes: a configuration's queue, at a batch size,
+/// under a label that keeps its ids apart from every other measurement's.
+#[derive(Clone, Copy, Debug)]
+struct Turn<'a> {
     config: Config,
-    label: &str,
+    label: &'a str,
     size: usize,
+    /// Messages each partition held after the prefill (a storm replays them).
     prefilled: usize,
-) -> Figures {
+}
+
+async fn measure(gw: &Gateway, pg: &tokio_postgres::Client, args: &Args, slice: Slice, turn: Turn<'_>) -> Figures {
+    let Turn { config, label, size, prefilled } = turn;
     let mut clients = Vec::with_capacity(args.conns);
     for _ in 0..args.conns {
         clients.push(gw.client().await);
@@ -648,7 +653,14 @@ async fn run(args: Args) {
             }
             for k in 0..gateways.len() {
                 let (config, gw) = &gateways[(round + k) % gateways.len()];
-                let figures = measure(gw, &c, &args, slice, *config, &format!("r{round}"), size, per_partition as usize).await;
+                let figures = measure(
+                    gw,
+                    &c,
+                    &args,
+                    slice,
+                    Turn { config: *config, label: &format!("r{round}"), size, prefilled: per_partition as usize },
+                )
+                .await;
                 eprintln!(
                     "  {:<26} batch {size:>3} round {round}: {:>8.0} msg/s  p50 {:>7.2} ms  p99 {:>7.2} ms  (retries: p50 {:.2} ms, p99 {:.2} ms; {} requests, {} retries, {} duplicates, {} wrong, {} errors; segments skipped/narrowed/full/off {:?}; {} hydrations; {:.2} ms SQL per bundle, {:.2} segments per bundle; CPU ms per 1,000 messages: gateway {:.1}, PostgreSQL {:.1} (its backends {:.1}), generator {:.1}; {:.2} context switches per message; per message: {:.0} WAL bytes, {:.2} WAL records, {:.2} index entries)",
                     config.name(),

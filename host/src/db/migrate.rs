@@ -95,7 +95,8 @@ async fn apply(tx: &tokio_postgres::Transaction<'_>, name: &str, sql: &str) -> R
 
 /// Whether this build's functions are the ones installed.
 async fn functions_current(client: &tokio_postgres::Client) -> Result<bool, DbError> {
-    let exists: bool = client.query_one("SELECT to_regclass('stile.function_sets') IS NOT NULL", &[]).await?.try_get(0)?;
+    let exists: bool =
+        client.query_one("SELECT to_regclass('stile.function_sets') IS NOT NULL AS exists", &[]).await?.try_get("exists")?;
     if !exists {
         return Ok(false);
     }
@@ -109,9 +110,13 @@ fn checksum(sql: &str) -> String {
 }
 
 pub(super) async fn version(client: &tokio_postgres::Client) -> Result<i32, DbError> {
-    let exists: bool = client.query_one("SELECT to_regclass('stile.schema_migrations') IS NOT NULL", &[]).await?.try_get(0)?;
+    let exists: bool =
+        client.query_one("SELECT to_regclass('stile.schema_migrations') IS NOT NULL AS exists", &[]).await?.try_get("exists")?;
     if !exists {
         return Ok(0);
     }
-    Ok(client.query_one("SELECT coalesce(max(version), 0) FROM stile.schema_migrations", &[]).await?.try_get(0)?)
+    Ok(client
+        .query_one("SELECT coalesce(max(version), 0) AS version FROM stile.schema_migrations", &[])
+        .await?
+        .try_get("version")?)
 }

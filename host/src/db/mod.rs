@@ -381,8 +381,8 @@ impl Db {
     /// epoch, rounded down.
     pub async fn clock_ms(&self) -> Result<i64, DbError> {
         let client = self.pool.get().await?;
-        let row = client.query_one("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint", &[]).await?;
-        Ok(row.try_get(0)?)
+        let row = client.query_one("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS clock_ms", &[]).await?;
+        Ok(row.try_get("clock_ms")?)
     }
 
     /// The schema version the database is at (0 before any migration).
@@ -427,10 +427,10 @@ impl Db {
         mode: ConfigureMode,
     ) -> Result<Value, ConfigureError> {
         let client = self.pool.get().await.map_err(DbError::from)?;
-        let stmt = client.prepare_cached("SELECT stile.configure($1, $2, $3)").await.map_err(DbError::from)?;
+        let stmt = client.prepare_cached("SELECT stile.configure($1, $2, $3) AS options").await.map_err(DbError::from)?;
         let replace = mode == ConfigureMode::Replace;
         let row = client.query_one(&stmt, &[&queue, &Json(options), &replace]).await.map_err(ConfigureError::from_pg)?;
-        let Json(v): Json<Value> = row.try_get(0).map_err(DbError::from)?;
+        let Json(v): Json<Value> = row.try_get("options").map_err(DbError::from)?;
         Ok(v)
     }
 
@@ -524,20 +524,20 @@ impl Db {
             return Err(DbError::NotFound(format!("partition {partition_id}")));
         };
         let mut out = HydrationRows {
-            last_offset: first.try_get(0)?,
-            txns_start: first.try_get(1)?,
+            last_offset: first.try_get("last_offset")?,
+            txns_start: first.try_get("txns_start")?,
             rows: Vec::with_capacity(rows.len()),
-            clock_ms: first.try_get(6)?,
+            clock_ms: first.try_get("clock_ms")?,
         };
         for row in &rows {
-            let Some(base_offset) = row.try_get::<_, Option<i64>>(2)? else {
+            let Some(base_offset) = row.try_get::<_, Option<i64>>("base_offset")? else {
                 continue;
             };
             out.rows.push(HydrationRow {
                 base_offset,
-                end_offset: row.try_get(3)?,
-                created_ms: row.try_get(4)?,
-                hashes: row.try_get(5)?,
+                end_offset: row.try_get("end_offset")?,
+                created_ms: row.try_get("created_ms")?,
+                hashes: row.try_get("hashes")?,
             });
         }
         Ok(out)
@@ -550,15 +550,19 @@ impl Db {
     /// them. A queue with retention 0 keeps everything.
     pub async fn purge(&self) -> Result<PurgeReport, DbError> {
         let client = self.pool.get().await?;
-        let ids: Vec<i64> =
-            client.query("SELECT stile.purge_candidates()", &[]).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+        let ids: Vec<i64> = client
+            .query("SELECT stile.purge_candidates() AS partition_id", &[])
+            .await?
+            .iter()
+            .map(|r| r.try_get("partition_id"))
+            .collect::<Result<_, _>>()?;
         let stmt = client.prepare_cached("SELECT segments_deleted, txns_deleted FROM stile.purge_partition($1)").await?;
         let mut report = PurgeReport::default();
         for id in ids {
             let row = client.query_one(&stmt, &[&id]).await?;
             report.partitions += 1;
-            report.segments_deleted += row.try_get::<_, i64>(0)? as u64;
-            report.txns_deleted += row.try_get::<_, i64>(1)? as u64;
+            report.segments_deleted += row.try_get::<_, i64>("segments_deleted")? as u64;
+            report.txns_deleted += row.try_get::<_, i64>("txns_deleted")? as u64;
         }
         Ok(report)
     }
@@ -576,14 +580,14 @@ impl StoredMessage {
 fn stored_message(row: &tokio_postgres::Row) -> Result<StoredMessage, DbError> {
     // Read as the text stored, like it was written, and answered as is: no
     // tree is built only to be encoded again.
-    let Json(payload): Json<Box<RawValue>> = row.try_get(3)?;
+    let Json(payload): Json<Box<RawValue>> = row.try_get("payload")?;
     let payload = Payload::from(payload);
     Ok(StoredMessage {
-        offset: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        transaction_id: row.try_get(2)?,
+        offset: row.try_get("offset")?,
+        message_id: row.try_get("message_id")?,
+        transaction_id: row.try_get("transaction_id")?,
         payload,
-        created_ms: row.try_get(4)?,
+        created_ms: row.try_get("created_ms")?,
     })
 }
 
@@ -738,7 +742,7 @@ pub async fn push_on(
     }
     let mut out: Vec<Option<SegmentOutcome>> = vec![None; segments.len()];
     for row in &rows {
-        let seg: i32 = row.try_get(0)?;
+        let seg: i32 = row.try_get("seg")?;
         let Some(&i) = usize::try_from(seg).ok().and_then(|seg| order.get(seg)) else {
             return Err(DbError::Protocol(format!("a row for segment {seg} of {}", segments.len())));
         };
@@ -752,14 +756,14 @@ pub async fn push_on(
 
 /// One row of `stile.push`, for segment `i` of `len` messages.
 fn segment_outcome(row: &tokio_postgres::Row, i: usize, len: usize) -> Result<SegmentOutcome, DbError> {
-    let base: Option<i64> = row.try_get(1)?;
+    let base: Option<i64> = row.try_get("base_offset")?;
     let stored = match base {
-        Some(base_offset) => Some(Stored { base_offset, created_ms: row.try_get(2)? }),
+        Some(base_offset) => Some(Stored { base_offset, created_ms: row.try_get("created_ms")? }),
         None => None,
     };
-    let idx: Option<Vec<i32>> = row.try_get(5)?;
-    let off: Option<Vec<i64>> = row.try_get(6)?;
-    let ids: Option<Vec<Option<Uuid>>> = row.try_get(7)?;
+    let idx: Option<Vec<i32>> = row.try_get("dup_idx")?;
+    let off: Option<Vec<i64>> = row.try_get("dup_off")?;
+    let ids: Option<Vec<Option<Uuid>>> = row.try_get("dup_ids")?;
     let (idx, off, ids) = (idx.unwrap_or_default(), off.unwrap_or_default(), ids.unwrap_or_default());
     let indexes_ascend = idx.windows(2).all(|w| w[0] < w[1]);
     let in_segment = idx.iter().all(|&x| usize::try_from(x).is_ok_and(|x| x < len));
@@ -781,9 +785,9 @@ fn segment_outcome(row: &tokio_postgres::Row, i: usize, len: usize) -> Result<Se
             message_id: message_id.unwrap_or(Uuid::nil()),
         })
         .collect();
-    let window_seconds: i32 = row.try_get(3)?;
-    let probe = ProbeMode::parse(row.try_get(4)?)?;
-    let clock_ms: i64 = row.try_get(8)?;
+    let window_seconds: i32 = row.try_get("window_seconds")?;
+    let probe = ProbeMode::parse(row.try_get("probe")?)?;
+    let clock_ms: i64 = row.try_get("clock_ms")?;
     Ok(SegmentOutcome { window_seconds, probe, duplicates, stored, clock_ms })
 }
 

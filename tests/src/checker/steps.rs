@@ -1,5 +1,7 @@
 //! Transactions and timers under the run's faults.
 //!
+//! A *step* is one such request as a client means it: a transaction or a
+//! standalone timer schedule, with every attempt it took to be answered.
 //! Each steps producer sends, in turn, a transaction (one push with an id of
 //! its own, a `once` on a key of its own, and on every third a timer rider)
 //! and a standalone timer schedule, each retried to another gateway on
@@ -25,7 +27,8 @@ use super::*;
 /// Steps of this many milliseconds at most pass between scheduling and due.
 const MAX_DELAY_MS: u64 = 2_000;
 
-/// What one logical step asked for and how its attempts ended.
+/// What one step (a transaction or a timer schedule) asked for and how its
+/// attempts ended.
 #[derive(Clone, Debug)]
 pub(super) struct Step {
     kind: StepKind,

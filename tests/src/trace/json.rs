@@ -10,7 +10,7 @@ use serde_json::ser::{CompactFormatter, Formatter};
 use stile_guest::ShardConfig;
 
 use super::REGENERATE;
-use super::model::{Step, Trace};
+use super::model::{NotedCall, Trace};
 use super::wire::ShardConfigDef;
 
 /// The value of the file's `format` key.
@@ -112,7 +112,7 @@ struct Document<'a> {
     regenerate: Cow<'a, str>,
     #[serde(with = "ShardConfigDef")]
     config: ShardConfig,
-    calls: Cow<'a, [Step]>,
+    calls: Cow<'a, [NotedCall]>,
 }
 
 /// What a file says it is.

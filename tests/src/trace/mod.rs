@@ -48,7 +48,7 @@ mod wire;
 use std::path::PathBuf;
 
 pub use json::{FORMAT, INTERFACE, ParseError, VERSION, from_json, to_json};
-pub use model::{Call, OwnedCommit, OwnedHydration, OwnedRow, OwnedSegment, Step, Trace};
+pub use model::{Call, NotedCall, OwnedCommit, OwnedHydration, OwnedRow, OwnedSegment, Trace};
 pub use pg::Pg;
 pub use recorder::Recorder;
 pub use replay::{Divergence, replay};

@@ -15,12 +15,12 @@ use super::wire;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trace {
     pub config: ShardConfig,
-    pub calls: Vec<Step>,
+    pub calls: Vec<NotedCall>,
 }
 
 /// One call, with an optional note saying what it exercises.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Step {
+pub struct NotedCall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     #[serde(flatten)]

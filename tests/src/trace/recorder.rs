@@ -3,7 +3,7 @@
 
 use stile_guest::{Admission, Commit, DedupCache, HydrateError, Millis, PartitionId, Plan, Segment, Shard, ShardConfig, Stats};
 
-use super::model::{Call, OwnedCommit, OwnedHydration, OwnedSegment, Step, Trace};
+use super::model::{Call, NotedCall, OwnedCommit, OwnedHydration, OwnedSegment, Trace};
 
 /// Runs calls on a native [`Shard`] and writes each down with its answer.
 #[derive(Debug)]
@@ -71,6 +71,6 @@ impl Recorder {
 
     fn push(&mut self, call: Call) {
         let note = self.note.take();
-        self.trace.calls.push(Step { note, call });
+        self.trace.calls.push(NotedCall { note, call });
     }
 }

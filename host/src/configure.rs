@@ -1,0 +1,75 @@
+//! The body of `POST /api/v1/configure`, validated.
+
+use serde_json::{Map, Value};
+
+use crate::api::{BadRequest, name_value, nul_refused, parse_json, refuse_nul_in, type_name};
+pub use crate::db::ConfigureMode;
+
+/// A validated `POST /api/v1/configure` body. Option values are checked by
+/// the database layer, which owns the list of known keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigureRequest {
+    pub queue: String,
+    pub options: Map<String, Value>,
+    pub mode: ConfigureMode,
+}
+
+/// Parses a configure body: `{"queue", "options"?, "mode"?, "namespace"?, "task"?}`.
+/// Queen's clients send `namespace` and `task` beside the options; they are
+/// stored as options.
+pub fn parse_configure(body: &[u8]) -> Result<ConfigureRequest, BadRequest> {
+    let Value::Object(mut root) = parse_json(body)? else {
+        return Err(BadRequest::new("body: expected a JSON object"));
+    };
+    let queue = match root.remove("queue") {
+        Some(value) => name_value("queue", value)?,
+        None => return Err(BadRequest::new("queue: missing")),
+    };
+    let mut options = match root.remove("options") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(options)) => options,
+        Some(other) => return Err(BadRequest::new(format!("options: expected an object, got {}", type_name(&other)))),
+    };
+    let mode = match root.remove("mode") {
+        None | Some(Value::Null) => ConfigureMode::Merge,
+        Some(Value::String(mode)) if mode == "merge" => ConfigureMode::Merge,
+        Some(Value::String(mode)) if mode == "replace" => ConfigureMode::Replace,
+        Some(other) => return Err(BadRequest::new(format!("mode: expected \"merge\" or \"replace\", got {other}"))),
+    };
+    for key in ["namespace", "task"] {
+        if let Some(value) = root.remove(key) {
+            options.insert(key.to_owned(), value);
+        }
+    }
+    if let Some(key) = root.keys().next() {
+        return Err(BadRequest::new(format!("{key}: unknown field of a configure request")));
+    }
+    for (key, value) in &options {
+        refuse_nul_in(format_args!("options.{key}"), value)?;
+        if key.contains('\0') {
+            return Err(nul_refused("options"));
+        }
+    }
+    Ok(ConfigureRequest { queue, options, mode })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::{ConfigureMode, parse_configure};
+
+    #[test]
+    fn configure_folds_namespace_and_task_into_options_and_refuses_unknown_fields() {
+        let request =
+            parse_configure(br#"{"queue":"q","namespace":"n","task":"t","options":{"dedupWindowSeconds":5},"mode":"replace"}"#)
+                .unwrap();
+        assert_eq!(request.mode, ConfigureMode::Replace);
+        assert_eq!(request.options.get("namespace"), Some(&Value::from("n")));
+        assert_eq!(request.options.get("dedupWindowSeconds"), Some(&Value::from(5)));
+        let error = parse_configure(br#"{"queue":"q","colour":"red"}"#).unwrap_err();
+        assert!(error.message.starts_with("colour:"), "{}", error.message);
+        let error = parse_configure(br#"{"queue":"q","mode":"upsert"}"#).unwrap_err();
+        assert!(error.message.starts_with("mode:"), "{}", error.message);
+    }
+}
