@@ -69,23 +69,14 @@
 //! reads what PostgreSQL stored; `checks` holds every answer against it. The
 //! clock fault itself is `crate::clock`.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
-use std::io::Read;
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, anyhow, bail};
-use hyper::Method;
-use rand::rngs::StdRng;
-use rand::{Rng as _, SeedableRng as _};
-use serde_json::{Value, json};
-use tokio::sync::oneshot;
 use uuid::Uuid;
-
-use crate::gateway::{Client, each_line, stile_binary};
 
 mod checks;
 mod db_faults;
@@ -100,20 +91,20 @@ mod vitals;
 mod workload;
 
 pub use crate::clock::ClockSkew;
-use checks::*;
+use checks::check;
 pub use db_faults::{
     CommittedFlow, DbFaultReport, LatencyFault, LockFlow, LossFault, PROBE_PATIENCE, ProbeCount, ProbeFlow, Spell,
 };
 use db_faults::{DbRig, InForce};
-use faults::*;
-use nodes::*;
-use replicated::*;
-use scrape::*;
+use faults::{Admin, FaultLog, PgTargets, failover_report, run_faults, schedule};
+use nodes::{AddressBook, Node};
+use replicated::{FailoverTimes, ReplicatedPair};
+use scrape::{Scrape, scrape_all, scrape_loop, summarise_scrapes};
 pub use steps::StepsReport;
-use steps::*;
-use truth::*;
+use steps::{check_steps, produce_steps, wait_for_due_timers};
+use truth::read_stored;
 pub use vitals::{Latency, Sample};
-use workload::*;
+use workload::{probe, produce};
 
 /// Slack for comparing our clock readings with PostgreSQL's (both read the
 /// same system clock; this only covers rounding).

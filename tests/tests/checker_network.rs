@@ -90,6 +90,12 @@ async fn exact_through_latency_loss_a_partition_and_resets_between_gateways_and_
 async fn exact_when_postgres_is_out_of_connections_a_row_or_table_is_locked_and_its_disk_is_full() {
     let mut config = config("", 40);
     config.probe_rate = 20.0;
+    // A push waits at most `--lock-timeout` for a row lock: until a shard
+    // has seen the row held once, its shard-mates wait with it, so a lock
+    // timeout well inside the probes' patience lets them answer in time.
+    for gateway in &mut config.gateways {
+        gateway.args.extend(["--lock-timeout".to_owned(), "0.25".to_owned()]);
+    }
     config.faults = Faults {
         connections_taken: Some(Spell::new(3.0, 5.0)),
         row_lock: Some(Spell::new(11.0, 8.0)),

@@ -1,16 +1,81 @@
-//! Every answer held against the truth.
+//! Every answer held against the truth: one function per property, each
+//! adding what breaks it to the run's violations.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+
+use uuid::Uuid;
+
+use super::truth::{Copy, Stored};
+use super::vitals::Latency;
+use super::{CLOCK_TOLERANCE_US, Kind, Outcome, Report, Request, Status, Violation, Windows};
 
 pub(super) type Key = (String, String);
 
 pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, report: &mut Report) {
-    let mut violations: Vec<Violation> = Vec::new();
-    let mut violate = |kind: &'static str, partition: &str, txn: &str, detail: String| {
-        violations.push(Violation { kind, partition: partition.to_owned(), txn: txn.to_owned(), detail });
-    };
+    let mut violations = Violations::default();
+    count(requests, report, &mut violations);
+    for (partition, what) in &stored.problems {
+        violations.add("storage", partition, "-", what.clone());
+    }
+    let index = Index::of(requests, stored, report);
+    every_copy_was_written_by_an_attempt_that_carried_it(stored, &index, &mut violations);
+    let queued = every_answer_names_what_is_stored(requests, &index, windows, &mut violations);
+    at_most_one_copy_inside_the_window(&index, windows, report, &mut violations);
+    no_id_answered_queued_twice_inside_the_window(&queued, &index, windows, &mut violations);
+    report.histories = histories(&violations.0, requests, &index);
+    report.violations = violations.0;
+}
 
-    // Counts.
+/// The violations found so far.
+#[derive(Default)]
+struct Violations(Vec<Violation>);
+
+impl Violations {
+    fn add(&mut self, kind: &'static str, partition: &str, txn: &str, detail: String) {
+        self.0.push(Violation { kind, partition: partition.to_owned(), txn: txn.to_owned(), detail });
+    }
+}
+
+/// The stored copies, looked up three ways.
+struct Index<'a> {
+    by_request: HashMap<(usize, u64), &'a Request>,
+    at_offset: HashMap<(&'a str, i64), &'a Copy>,
+    copies_of: HashMap<Key, Vec<&'a Copy>>,
+}
+
+impl<'a> Index<'a> {
+    fn of(requests: &'a [Request], stored: &'a Stored, report: &mut Report) -> Index<'a> {
+        let by_request = requests.iter().map(|r| ((r.producer, r.seq), r)).collect();
+        let mut at_offset = HashMap::new();
+        let mut copies_of: HashMap<Key, Vec<&Copy>> = HashMap::new();
+        for (partition, copies) in &stored.partitions {
+            report.stored_partitions += 1;
+            for copy in copies {
+                report.stored_messages += 1;
+                at_offset.insert((partition.as_str(), copy.offset), copy);
+                copies_of.entry((partition.clone(), copy.txn.clone())).or_default().push(copy);
+            }
+        }
+        report.ids_stored = copies_of.len() as u64;
+        Index { by_request, at_offset, copies_of }
+    }
+
+    /// The smallest window that may have been in force while the attempt
+    /// that wrote `copy` ran: its push read the window at some instant
+    /// between the attempt's sending and the copy's creation.
+    fn smallest_window_us(&self, copy: &Copy, windows: &Windows) -> i64 {
+        let sent_us = copy
+            .writer
+            .and_then(|(p, r, a)| self.by_request.get(&(p, r)).and_then(|req| req.attempts.get(a as usize)).map(|at| at.sent_us))
+            .unwrap_or(copy.created_us - 60_000_000);
+        windows.range_us(sent_us.min(copy.created_us), copy.created_us).0
+    }
+}
+
+/// The report's counts and latencies; an attempt answered with something
+/// that is not an answer to a valid push is a protocol violation.
+fn count(requests: &[Request], report: &mut Report, violations: &mut Violations) {
     let (mut latencies, mut attempt_latencies) = (Vec::new(), Vec::new());
     for request in requests {
         report.requests += 1;
@@ -24,31 +89,26 @@ pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, re
         }
         report.attempts += request.attempts.len() as u64;
         report.retries += request.attempts.len().saturating_sub(1) as u64;
-        for pair in request.attempts.windows(2) {
-            if pair[0].gateway != pair[1].gateway {
-                report.retried_elsewhere += 1;
-            }
-        }
+        report.retried_elsewhere += request.attempts.windows(2).filter(|pair| pair[0].gateway != pair[1].gateway).count() as u64;
         for attempt in &request.attempts {
+            let item = &request.items[0];
             match &attempt.outcome {
-                Outcome::Answered(_) => {}
-                Outcome::Status(status, _) => *report.statuses.entry(*status).or_insert(0) += 1,
+                Outcome::Answered(_) => attempt_latencies.push(attempt.done_us - attempt.sent_us),
+                Outcome::Status(status, body) => {
+                    *report.statuses.entry(*status).or_insert(0) += 1;
+                    if *status < 500 {
+                        violations.add("protocol", &item.partition, &item.txn, format!("a valid push answered {status}: {body}"));
+                    }
+                }
                 Outcome::Timeout => report.timeouts += 1,
                 Outcome::Connection(_) => report.connection_errors += 1,
-                Outcome::Malformed(why) => {
-                    let item = &request.items[0];
-                    violate("protocol", &item.partition, &item.txn, format!("a 201 that does not answer the request: {why}"));
-                }
+                Outcome::Malformed(why) => violations.add(
+                    "protocol",
+                    &item.partition,
+                    &item.txn,
+                    format!("a 201 that does not answer the request: {why}"),
+                ),
             }
-            if let Outcome::Status(status, body) = &attempt.outcome
-                && *status < 500
-            {
-                let item = &request.items[0];
-                violate("protocol", &item.partition, &item.txn, format!("a valid push answered {status}: {body}"));
-            }
-        }
-        for attempt in request.attempts.iter().filter(|a| matches!(a.outcome, Outcome::Answered(_))) {
-            attempt_latencies.push(attempt.done_us - attempt.sent_us);
         }
         match request.answers() {
             Some((last, answers)) => {
@@ -66,106 +126,83 @@ pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, re
     }
     report.latency = Latency::of(latencies);
     report.attempt_latency = Latency::of(attempt_latencies);
+}
 
-    for (partition, what) in &stored.problems {
-        violate("storage", partition, "-", what.clone());
-    }
-
-    // Indexes.
-    let by_request: HashMap<(usize, u64), &Request> = requests.iter().map(|r| ((r.producer, r.seq), r)).collect();
-    let mut at_offset: HashMap<(&str, i64), &Copy> = HashMap::new();
-    let mut copies_of: HashMap<Key, Vec<&Copy>> = HashMap::new();
-    for (partition, copies) in &stored.partitions {
-        report.stored_partitions += 1;
-        for copy in copies {
-            report.stored_messages += 1;
-            at_offset.insert((partition.as_str(), copy.offset), copy);
-            copies_of.entry((partition.clone(), copy.txn.clone())).or_default().push(copy);
-        }
-    }
-    report.ids_stored = copies_of.len() as u64;
-
-    // Every stored message was written by an attempt that carried it, after it
-    // was sent; an answered attempt said queued with its message id.
+/// Every stored message was written by an attempt that carried it, after it
+/// was sent; an answered attempt said queued with its message id.
+fn every_copy_was_written_by_an_attempt_that_carried_it(stored: &Stored, index: &Index<'_>, violations: &mut Violations) {
     for (partition, copies) in &stored.partitions {
         for copy in copies {
-            let Some((producer, seq, attempt_no)) = copy.writer else {
-                violate(
-                    "unknown-write",
-                    partition,
-                    &copy.txn,
-                    format!("offset {}: payload {} names no attempt", copy.offset, copy.payload),
-                );
-                continue;
-            };
-            let Some(request) = by_request.get(&(producer, seq)) else {
-                violate("unknown-write", partition, &copy.txn, format!("offset {}: no request p{producer} #{seq}", copy.offset));
-                continue;
-            };
-            if !request.items.iter().any(|i| i.txn == copy.txn && &i.partition == partition) {
-                violate(
-                    "unknown-write",
-                    partition,
-                    &copy.txn,
-                    format!("offset {}: request p{producer} #{seq} did not carry this id here", copy.offset),
-                );
-                continue;
-            }
-            let Some(attempt) = request.attempts.get(attempt_no as usize) else {
-                violate(
-                    "unknown-write",
-                    partition,
-                    &copy.txn,
-                    format!("offset {}: request p{producer} #{seq} made no attempt {attempt_no}", copy.offset),
-                );
-                continue;
-            };
-            if copy.created_us + CLOCK_TOLERANCE_US < attempt.sent_us {
-                violate(
-                    "unknown-write",
-                    partition,
-                    &copy.txn,
-                    format!(
-                        "offset {}: written {} us before its attempt was sent",
-                        copy.offset,
-                        attempt.sent_us - copy.created_us
-                    ),
-                );
-            }
-            if let Outcome::Answered(answers) = &attempt.outcome {
-                let answered_queued = request.items.iter().zip(answers).any(|(i, a)| {
-                    i.txn == copy.txn
-                        && &i.partition == partition
-                        && a.status == Status::Queued
-                        && a.message_id == copy.message_id
-                });
-                if !answered_queued {
-                    violate(
-                        "stored-not-answered-queued",
-                        partition,
-                        &copy.txn,
-                        format!(
-                            "offset {} ({}) was written by p{producer} #{seq} attempt {attempt_no}, which was answered without it",
-                            copy.offset, copy.message_id
-                        ),
-                    );
-                }
+            if let Err(detail) = written_by_an_attempt_that_carried_it(partition, copy, index) {
+                violations.add(detail.kind, partition, &copy.txn, detail.text);
             }
         }
     }
+}
 
-    // Every answer against the stored messages.
-    let mut queued_ids: HashMap<Key, Vec<(i64, Uuid)>> = HashMap::new();
+/// A violation's kind and what it says, before it is added.
+struct Found {
+    kind: &'static str,
+    text: String,
+}
+
+fn written_by_an_attempt_that_carried_it(partition: &str, copy: &Copy, index: &Index<'_>) -> Result<(), Found> {
+    let unknown = |text: String| Found { kind: "unknown-write", text };
+    let Some((producer, seq, attempt_no)) = copy.writer else {
+        return Err(unknown(format!("offset {}: payload {} names no attempt", copy.offset, copy.payload)));
+    };
+    let Some(request) = index.by_request.get(&(producer, seq)) else {
+        return Err(unknown(format!("offset {}: no request p{producer} #{seq}", copy.offset)));
+    };
+    if !request.items.iter().any(|i| i.txn == copy.txn && i.partition == partition) {
+        return Err(unknown(format!("offset {}: request p{producer} #{seq} did not carry this id here", copy.offset)));
+    }
+    let Some(attempt) = request.attempts.get(attempt_no as usize) else {
+        return Err(unknown(format!("offset {}: request p{producer} #{seq} made no attempt {attempt_no}", copy.offset)));
+    };
+    if copy.created_us + CLOCK_TOLERANCE_US < attempt.sent_us {
+        return Err(unknown(format!(
+            "offset {}: written {} us before its attempt was sent",
+            copy.offset,
+            attempt.sent_us - copy.created_us
+        )));
+    }
+    if let Outcome::Answered(answers) = &attempt.outcome {
+        let answered_queued = request.items.iter().zip(answers).any(|(i, a)| {
+            i.txn == copy.txn && i.partition == partition && a.status == Status::Queued && a.message_id == copy.message_id
+        });
+        if !answered_queued {
+            return Err(Found {
+                kind: "stored-not-answered-queued",
+                text: format!(
+                    "offset {} ({}) was written by p{producer} #{seq} attempt {attempt_no}, which was answered without it",
+                    copy.offset, copy.message_id
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Every answer names a stored copy of its id, written before the answer;
+/// a `queued` one was written by this request, a `duplicate` one inside the
+/// window and the first such copy. Answers the ids answered `queued`, with
+/// their offsets and message ids.
+fn every_answer_names_what_is_stored(
+    requests: &[Request],
+    index: &Index<'_>,
+    windows: &Windows,
+    violations: &mut Violations,
+) -> HashMap<Key, Vec<(i64, Uuid)>> {
+    let mut queued: HashMap<Key, Vec<(i64, Uuid)>> = HashMap::new();
     for request in requests {
         let Some((attempt, answers)) = request.answers() else { continue };
         for (item, answer) in request.items.iter().zip(answers) {
-            let partition = item.partition.as_str();
-            let txn = item.txn.as_str();
-            let Some(copy) = at_offset.get(&(partition, answer.offset)) else {
+            let (partition, txn) = (item.partition.as_str(), item.txn.as_str());
+            let mut violate = |kind: &'static str, detail: String| violations.add(kind, partition, txn, detail);
+            let Some(copy) = index.at_offset.get(&(partition, answer.offset)) else {
                 violate(
                     "answer-not-stored",
-                    partition,
-                    txn,
                     format!("answered {:?} at offset {}, which holds nothing", answer.status, answer.offset),
                 );
                 continue;
@@ -173,8 +210,6 @@ pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, re
             if copy.txn != item.txn || copy.message_id != answer.message_id {
                 violate(
                     "answer-not-stored",
-                    partition,
-                    txn,
                     format!(
                         "answered {:?} ({}) at offset {}, which holds {} ({})",
                         answer.status, answer.message_id, answer.offset, copy.txn, copy.message_id
@@ -183,19 +218,17 @@ pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, re
                 continue;
             }
             if copy.created_us > attempt.done_us + CLOCK_TOLERANCE_US {
-                violate("answer-not-stored", partition, txn, format!("offset {} was written after the answer", answer.offset));
+                violate("answer-not-stored", format!("offset {} was written after the answer", answer.offset));
             }
             match answer.status {
                 Status::Queued => {
                     if copy.created_us + CLOCK_TOLERANCE_US < attempt.sent_us {
                         violate(
                             "queued-but-old",
-                            partition,
-                            txn,
                             format!("answered queued at offset {}, written before the request was sent", answer.offset),
                         );
                     }
-                    queued_ids
+                    queued
                         .entry((item.partition.clone(), item.txn.clone()))
                         .or_default()
                         .push((answer.offset, answer.message_id));
@@ -205,13 +238,12 @@ pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, re
                     if copy.created_us + w_max + CLOCK_TOLERANCE_US < attempt.sent_us {
                         violate(
                             "duplicate-outside-window",
-                            partition,
-                            txn,
                             format!("answered duplicate of offset {}, which was outside every window in force", answer.offset),
                         );
                     }
                     // MIN picks the original: no earlier copy was surely in the window.
-                    let earlier = copies_of
+                    let earlier = index
+                        .copies_of
                         .get(&(item.partition.clone(), item.txn.clone()))
                         .into_iter()
                         .flatten()
@@ -219,8 +251,6 @@ pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, re
                     if let Some(earlier) = earlier {
                         violate(
                             "duplicate-wrong-original",
-                            partition,
-                            txn,
                             format!(
                                 "answered duplicate of offset {}, but offset {} holds an earlier copy inside the window",
                                 answer.offset, earlier.offset
@@ -231,26 +261,19 @@ pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, re
             }
         }
     }
+    queued
+}
 
-    // The smallest window that may have been in force while the attempt that
-    // wrote a copy ran: its push read the window at some instant between the
-    // attempt's sending and the copy's creation.
-    let smallest_window_us = |copy: &Copy| {
-        let sent_us = copy
-            .writer
-            .and_then(|(p, r, a)| by_request.get(&(p, r)).and_then(|req| req.attempts.get(a as usize)).map(|at| at.sent_us))
-            .unwrap_or(copy.created_us - 60_000_000);
-        windows.range_us(sent_us.min(copy.created_us), copy.created_us).0
-    };
-
-    // At most one stored copy inside the window.
-    for ((partition, txn), copies) in &copies_of {
+/// At most one stored copy of an id inside the window; copies further
+/// apart are counted as legal re-stores.
+fn at_most_one_copy_inside_the_window(index: &Index<'_>, windows: &Windows, report: &mut Report, violations: &mut Violations) {
+    for ((partition, txn), copies) in &index.copies_of {
         for pair in copies.windows(2) {
             let (previous, next) = (pair[0], pair[1]);
-            let w_min = smallest_window_us(next);
+            let w_min = index.smallest_window_us(next, windows);
             let apart = next.created_us - previous.created_us;
             if apart <= w_min {
-                violate(
+                violations.add(
                     "stored-twice-in-window",
                     partition,
                     txn,
@@ -267,20 +290,27 @@ pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, re
             }
         }
     }
+}
 
-    // No id answered queued twice inside the window.
-    for ((partition, txn), answers) in &queued_ids {
+/// No id answered `queued` twice, with two copies, inside the window.
+fn no_id_answered_queued_twice_inside_the_window(
+    queued: &HashMap<Key, Vec<(i64, Uuid)>>,
+    index: &Index<'_>,
+    windows: &Windows,
+    violations: &mut Violations,
+) {
+    for ((partition, txn), answers) in queued {
         let mut distinct: Vec<(i64, Uuid)> = answers.clone();
         distinct.sort();
         distinct.dedup();
         for pair in distinct.windows(2) {
             let (Some(first), Some(second)) =
-                (at_offset.get(&(partition.as_str(), pair[0].0)), at_offset.get(&(partition.as_str(), pair[1].0)))
+                (index.at_offset.get(&(partition.as_str(), pair[0].0)), index.at_offset.get(&(partition.as_str(), pair[1].0)))
             else {
                 continue; // already reported as not stored
             };
-            if second.created_us - first.created_us <= smallest_window_us(second) {
-                violate(
+            if second.created_us - first.created_us <= index.smallest_window_us(second, windows) {
+                violations.add(
                     "queued-twice",
                     partition,
                     txn,
@@ -292,24 +322,20 @@ pub(super) fn check(requests: &[Request], stored: &Stored, windows: &Windows, re
             }
         }
     }
+}
 
-    // Histories of the violating ids.
+/// The histories of the first 20 ids with a violation.
+fn histories(violations: &[Violation], requests: &[Request], index: &Index<'_>) -> String {
     let mut shown: HashSet<Key> = HashSet::new();
-    let mut histories = String::new();
-    for violation in &violations {
+    let mut out = String::new();
+    for violation in violations {
         if violation.txn == "-" || shown.len() >= 20 || !shown.insert((violation.partition.clone(), violation.txn.clone())) {
             continue;
         }
-        history(
-            &mut histories,
-            &violation.partition,
-            &violation.txn,
-            requests,
-            copies_of.get(&(violation.partition.clone(), violation.txn.clone())),
-        );
+        let key = (violation.partition.clone(), violation.txn.clone());
+        history(&mut out, &violation.partition, &violation.txn, requests, index.copies_of.get(&key));
     }
-    report.histories = histories;
-    report.violations = violations;
+    out
 }
 
 /// Every attempt that carried an id, and its stored copies.
@@ -366,7 +392,11 @@ pub(super) fn history(out: &mut String, partition: &str, txn: &str, requests: &[
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
+    use crate::checker::scrape::sum_series;
+    use crate::checker::{Attempt, Item, ItemAnswer, WindowChange};
 
     #[test]
     fn window_ranges_cover_the_uncertain_interval() {

@@ -2,8 +2,21 @@
 //! PostgreSQL restarts, the failover, window changes, clock jumps; the
 //! faults between the gateways and PostgreSQL are `db_faults`'.
 
+use std::net::SocketAddr;
+use std::process::Child;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use hyper::Method;
+use serde_json::json;
+
 use super::db_faults::{self, DbFault, Edge, SpellTimes};
-use super::*;
+use super::{
+    AddressBook, Config, DbRig, FailoverReport, FailoverTimes, InForce, Node, Outcome, PgCluster, ReplicatedPair, Request,
+    Status, WindowChange, Windows, micros_of, now_us,
+};
+use crate::gateway::Client;
 
 #[derive(Clone, Debug)]
 pub(super) enum FaultEvent {

@@ -1,7 +1,18 @@
 //! Gateway processes: starting one (with its clock fault, if any), killing
 //! it, and reading what it printed.
 
-use super::*;
+use std::collections::VecDeque;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tokio::sync::oneshot;
+
+use super::{GatewaySpec, TRAP_LINE};
+use crate::gateway::{each_line, stile_binary};
 
 /// What a gateway printed: the last lines and the traps it reported.
 #[derive(Debug, Default)]

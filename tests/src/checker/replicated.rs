@@ -8,8 +8,13 @@
 //! [`Home`] of its own (see `servers.rs`: the user they run as, and how
 //! nothing is left behind).
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use super::now_us;
 use super::servers::{DATABASE, Home, READY_WITHIN, Server, free_ports};
-use super::*;
 
 /// The standby's `cluster_name`, which its WAL receiver gives the primary as
 /// its application name, and so the name `synchronous_standby_names` waits

@@ -1,6 +1,14 @@
 //! `/metrics` of every gateway, scraped while the run lasts.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+
+use super::{AddressBook, Node, Report, Sample, vitals};
+use crate::gateway::Client;
 
 /// The last `/metrics` of one incarnation of one gateway.
 #[derive(Clone, Debug, Default)]

@@ -20,9 +20,19 @@
 //!   was delivered exactly once and is no longer pending; an unacknowledged
 //!   one at most once.
 
-use base64::Engine as _;
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, Instant};
 
-use super::*;
+use anyhow::anyhow;
+use base64::Engine as _;
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use serde_json::{Value, json};
+
+use super::workload::{Backoff, exchange_at};
+use super::{AddressBook, Config, Report, Violation};
+use crate::gateway::Client;
 
 /// Steps of this many milliseconds at most pass between scheduling and due.
 const MAX_DELAY_MS: u64 = 2_000;

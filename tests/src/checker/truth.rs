@@ -1,6 +1,11 @@
 //! The truth, read from SQL after the run.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use anyhow::anyhow;
+use serde_json::Value;
+use uuid::Uuid;
 
 /// One stored message.
 #[derive(Clone, Debug)]

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::sum_series;
+use super::scrape::sum_series;
 
 /// One scrape of one gateway.
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,6 +1,16 @@
 //! The producers: what each sends, to which gateway, and how it retries.
 
-use super::*;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::{AddressBook, Attempt, Config, Item, ItemAnswer, Kind, Outcome, Request, Status, now_us};
+use crate::gateway::Client;
 
 pub(super) async fn produce(producer: usize, config: &Config, book: &AddressBook, t0: Instant, end: Instant) -> Vec<Request> {
     let mut rng = StdRng::seed_from_u64(config.seed ^ (producer as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
