@@ -25,9 +25,11 @@ mod driver;
 pub mod floors;
 mod forwarding;
 mod model;
+mod observing;
 mod strategy;
 pub mod window;
 
 pub use driver::{Violation, run};
 pub use forwarding::Forwarding;
+pub use observing::{Observed, Observing};
 pub use strategy::{Estimate, MalformedInput, Op, PARTITIONS, PushSegment, Scenario, scenario};

@@ -8,10 +8,8 @@ use std::rc::Rc;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use stile_guest::testing::{self, Forwarding, Scenario, floors, window};
-use stile_guest::{
-    Admission, Commit, DedupCache, HydrateError, Hydration, Millis, PartitionId, Plan, Segment, Shard, ShardConfig, Stats,
-};
+use stile_guest::testing::{self, Forwarding, Observed, Observing, Scenario, floors, window};
+use stile_guest::{Admission, DedupCache, HydrateError, Millis, PartitionId, Plan, Shard, ShardConfig, Stats};
 use stile_tests::component::HealthyShard;
 
 /// `cases` cases, with failures saved beside this file.
@@ -49,7 +47,7 @@ fn retries_floor_within_an_arrival_step() {
 fn memory_bounded_by_rate_times_window() {
     let mut component = HealthyShard::new(window::CONFIG);
     let report = window::memory_bounded_by_rate_times_window(&mut component);
-    println!("{report:?}; {:?}", component.stats());
+    println!("{report:?}; {:?}", DedupCache::stats(&mut component));
 }
 
 /// One call and its answer, as the recording wrapper saw it. Calls without
@@ -66,49 +64,21 @@ enum Call {
 }
 
 /// Passes every call through to `inner` and logs it with its answer.
-struct Recording<C> {
-    inner: C,
-    log: Rc<RefCell<Vec<Call>>>,
+fn recording<C: DedupCache>(inner: C, log: Rc<RefCell<Vec<Call>>>) -> impl DedupCache {
+    Observing::new(inner, move |_: &mut C, call: Observed<'_, '_>| log.borrow_mut().push(Call::of(call)))
 }
 
-impl<C: DedupCache> DedupCache for Recording<C> {
-    fn plan(&mut self, now_ms: Millis, segments: &[Segment<'_>]) -> Vec<Plan> {
-        let plans = self.inner.plan(now_ms, segments);
-        self.log.borrow_mut().push(Call::Plan { now_ms, plans: plans.clone() });
-        plans
-    }
-
-    fn record_commits(&mut self, now_ms: Millis, commits: &[Commit<'_>]) {
-        self.inner.record_commits(now_ms, commits);
-        self.log.borrow_mut().push(Call::RecordCommits { now_ms, commits: commits.len() });
-    }
-
-    fn admit(&mut self, now_ms: Millis, partition: PartitionId, window_ms: u64, estimate_hashes: u64) -> Admission {
-        let admission = self.inner.admit(now_ms, partition, window_ms, estimate_hashes);
-        self.log.borrow_mut().push(Call::Admit { partition, admission });
-        admission
-    }
-
-    fn hydrate(&mut self, now_ms: Millis, hydration: &Hydration<'_>) -> Result<(), HydrateError> {
-        let result = self.inner.hydrate(now_ms, hydration);
-        self.log.borrow_mut().push(Call::Hydrate { partition: hydration.partition, result });
-        result
-    }
-
-    fn expire(&mut self, now_ms: Millis) {
-        self.inner.expire(now_ms);
-        self.log.borrow_mut().push(Call::Expire { now_ms });
-    }
-
-    fn forget(&mut self, partition: PartitionId) {
-        self.inner.forget(partition);
-        self.log.borrow_mut().push(Call::Forget { partition });
-    }
-
-    fn stats(&mut self) -> Stats {
-        let stats = self.inner.stats();
-        self.log.borrow_mut().push(Call::Stats(stats));
-        stats
+impl Call {
+    fn of(call: Observed<'_, '_>) -> Call {
+        match call {
+            Observed::Plan { now_ms, plans, .. } => Call::Plan { now_ms, plans: plans.to_vec() },
+            Observed::RecordCommits { now_ms, commits } => Call::RecordCommits { now_ms, commits: commits.len() },
+            Observed::Admit { partition, admission, .. } => Call::Admit { partition, admission },
+            Observed::Hydrate { hydration, result, .. } => Call::Hydrate { partition: hydration.partition, result },
+            Observed::Expire { now_ms } => Call::Expire { now_ms },
+            Observed::Forget { partition } => Call::Forget { partition },
+            Observed::Stats { stats } => Call::Stats(stats),
+        }
     }
 }
 
@@ -119,7 +89,7 @@ fn record<C: DedupCache>(
     mut make: impl FnMut(ShardConfig) -> C,
 ) -> (Result<(), testing::Violation>, Vec<Call>) {
     let log = Rc::new(RefCell::new(Vec::new()));
-    let verdict = testing::run(scenario, |config| Recording { inner: make(config), log: Rc::clone(&log) });
+    let verdict = testing::run(scenario, |config| recording(make(config), Rc::clone(&log)));
     let calls = log.take();
     (verdict, calls)
 }
@@ -155,8 +125,8 @@ proptest! {
 fn compare_on(check: impl Fn(&mut dyn DedupCache)) {
     let log_native = Rc::new(RefCell::new(Vec::new()));
     let log_component = Rc::new(RefCell::new(Vec::new()));
-    check(&mut Recording { inner: Shard::new(window::CONFIG), log: Rc::clone(&log_native) });
-    check(&mut Recording { inner: HealthyShard::new(window::CONFIG), log: Rc::clone(&log_component) });
+    check(&mut recording(Shard::new(window::CONFIG), Rc::clone(&log_native)));
+    check(&mut recording(HealthyShard::new(window::CONFIG), Rc::clone(&log_component)));
     let (native, component) = (log_native.take(), log_component.take());
     if let Some(index) = native.iter().zip(&component).position(|(a, b)| a != b) {
         panic!("call {index} differs\n  native:    {:?}\n  component: {:?}", native[index], component[index]);

@@ -5,6 +5,7 @@
 //! the WIT's kebab-case; [`super::wire`] spells the core's own types.
 
 use serde::{Deserialize, Serialize};
+use stile_guest::testing::Observed;
 use stile_guest::{
     Admission, Commit, HydrateError, Hydration, Millis, Offset, PartitionId, Plan, Segment, ShardConfig, Stats, TxnsRow,
 };
@@ -71,6 +72,27 @@ pub enum Call {
 }
 
 impl Call {
+    /// The call a cache answered, holding its own hashes.
+    pub fn of(observed: Observed<'_, '_>) -> Call {
+        match observed {
+            Observed::Plan { now_ms, segments, plans } => {
+                Call::Plan { now_ms, segments: segments.iter().map(OwnedSegment::of).collect(), expect: plans.to_vec() }
+            }
+            Observed::RecordCommits { now_ms, commits } => {
+                Call::RecordCommits { now_ms, commits: commits.iter().map(OwnedCommit::of).collect() }
+            }
+            Observed::Admit { now_ms, partition, window_ms, estimate_hashes, admission } => {
+                Call::Admit { now_ms, partition, window_ms, estimate_hashes, expect: admission }
+            }
+            Observed::Hydrate { now_ms, hydration, result } => {
+                Call::Hydrate { now_ms, hydration: OwnedHydration::of(hydration), expect: result }
+            }
+            Observed::Expire { now_ms } => Call::Expire { now_ms },
+            Observed::Forget { partition } => Call::Forget { partition },
+            Observed::Stats { stats } => Call::Stats { expect: stats },
+        }
+    }
+
     /// The call's name in the file (the WIT's method name).
     pub fn name(&self) -> &'static str {
         match self {
@@ -128,6 +150,11 @@ pub struct OwnedHydration {
 }
 
 impl OwnedSegment {
+    /// A copy of a borrowed segment.
+    pub fn of(segment: &Segment<'_>) -> OwnedSegment {
+        OwnedSegment { partition: segment.partition, window_ms: segment.window_ms, hashes: segment.hashes.to_vec() }
+    }
+
     /// The borrowed form the core and every [`stile_guest::DedupCache`] take.
     pub fn borrow(&self) -> Segment<'_> {
         Segment { partition: self.partition, window_ms: self.window_ms, hashes: &self.hashes }
@@ -135,6 +162,16 @@ impl OwnedSegment {
 }
 
 impl OwnedCommit {
+    /// A copy of a borrowed commit.
+    pub fn of(commit: &Commit<'_>) -> OwnedCommit {
+        OwnedCommit {
+            partition: commit.partition,
+            base_offset: commit.base_offset,
+            created_ms: commit.created_ms,
+            hashes: commit.hashes.to_vec(),
+        }
+    }
+
     /// The borrowed form the core and every [`stile_guest::DedupCache`] take.
     pub fn borrow(&self) -> Commit<'_> {
         Commit { partition: self.partition, base_offset: self.base_offset, created_ms: self.created_ms, hashes: &self.hashes }
@@ -142,6 +179,16 @@ impl OwnedCommit {
 }
 
 impl OwnedRow {
+    /// A copy of a borrowed row.
+    pub fn of(row: &TxnsRow<'_>) -> OwnedRow {
+        OwnedRow {
+            base_offset: row.base_offset,
+            end_offset: row.end_offset,
+            created_ms: row.created_ms,
+            hashes: row.hashes.to_vec(),
+        }
+    }
+
     /// The borrowed form a [`Hydration`] holds.
     pub fn borrow(&self) -> TxnsRow<'_> {
         TxnsRow { base_offset: self.base_offset, end_offset: self.end_offset, created_ms: self.created_ms, hashes: &self.hashes }
@@ -149,6 +196,16 @@ impl OwnedRow {
 }
 
 impl OwnedHydration {
+    /// A copy of a borrowed hydration and its rows.
+    pub fn of(hydration: &Hydration<'_>) -> OwnedHydration {
+        OwnedHydration {
+            partition: hydration.partition,
+            window_ms: hydration.window_ms,
+            last_offset: hydration.last_offset,
+            rows: hydration.rows.iter().map(OwnedRow::of).collect(),
+        }
+    }
+
     /// Calls `f` with the borrowed form the core and every
     /// [`stile_guest::DedupCache`] take, whose rows must live somewhere
     /// while it runs.
