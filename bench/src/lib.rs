@@ -4,6 +4,7 @@
 //!
 //! Their results, and the command that made each, are in `bench/<name>/RESULTS.md`.
 
+use std::fmt::Write as _;
 use std::future::Future;
 
 pub mod peer_http;
@@ -16,19 +17,12 @@ use stile_tests::pg::unless_interrupted;
 /// `p{partition}` of `queue`, transactionIds `{tag}-{seq}-{i}`, payloads of
 /// about 60 bytes. Written into `body`, which is cleared first.
 pub fn write_push_body(body: &mut String, queue: &str, partition: usize, tag: &str, seq: u64, size: usize) {
-    use std::fmt::Write as _;
-    body.clear();
-    body.push_str(r#"{"items":["#);
-    for i in 0..size {
-        if i > 0 {
-            body.push(',');
-        }
+    write_items(body, queue, partition, size, |body, i| {
         let _ = write!(
             body,
-            r#"{{"queue":"{queue}","partition":"p{partition}","transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}}}"#
+            r#""transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}"#
         );
-    }
-    body.push_str("]}");
+    });
 }
 
 /// A redelivery of stored messages: items of partition `p{partition}` of
@@ -36,17 +30,34 @@ pub fn write_push_body(body: &mut String, queue: &str, partition: usize, tag: &s
 /// of `ids`, the ids the load generators prefill a window with. Written
 /// into `body`, which is cleared first.
 pub fn write_replay_body(body: &mut String, queue: &str, partition: usize, ids: &[usize]) {
-    use std::fmt::Write as _;
+    write_items(body, queue, partition, ids.len(), |body, k| {
+        let i = ids[k];
+        let _ = write!(
+            body,
+            r#""transactionId":"prefill-p{partition}-{i}","payload":{{"order":{i},"amount":99.5,"currency":"EUR"}}"#
+        );
+    });
+}
+
+/// A push body of `count` items to partition `p{partition}` of `queue`,
+/// written into `body` (cleared first): `id_and_payload` writes the rest of
+/// item `k`, its `"transactionId"` and `"payload"` members.
+pub(crate) fn write_items(
+    body: &mut String,
+    queue: &str,
+    partition: usize,
+    count: usize,
+    mut id_and_payload: impl FnMut(&mut String, usize),
+) {
     body.clear();
     body.push_str(r#"{"items":["#);
-    for (k, i) in ids.iter().enumerate() {
+    for k in 0..count {
         if k > 0 {
             body.push(',');
         }
-        let _ = write!(
-            body,
-            r#"{{"queue":"{queue}","partition":"p{partition}","transactionId":"prefill-p{partition}-{i}","payload":{{"order":{i},"amount":99.5,"currency":"EUR"}}}}"#
-        );
+        let _ = write!(body, r#"{{"queue":"{queue}","partition":"p{partition}","#);
+        id_and_payload(body, k);
+        body.push('}');
     }
     body.push_str("]}");
 }
@@ -187,6 +198,23 @@ pub fn run_to_end(program: &str, cleaned: &str, runtime: tokio::runtime::Runtime
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn push_bodies_are_the_json_the_gateway_takes() {
+        let mut body = String::from("left over");
+        write_push_body(&mut body, "q", 3, "t", 7, 2);
+        assert_eq!(
+            body,
+            r#"{"items":[{"queue":"q","partition":"p3","transactionId":"t-7-0","payload":{"order":7,"line":0,"amount":99.5,"currency":"EUR"}},{"queue":"q","partition":"p3","transactionId":"t-7-1","payload":{"order":7,"line":1,"amount":99.5,"currency":"EUR"}}]}"#
+        );
+        write_replay_body(&mut body, "q", 3, &[5]);
+        assert_eq!(
+            body,
+            r#"{"items":[{"queue":"q","partition":"p3","transactionId":"prefill-p3-5","payload":{"order":5,"amount":99.5,"currency":"EUR"}}]}"#
+        );
+        write_push_body(&mut body, "q", 0, "t", 0, 0);
+        assert_eq!(body, r#"{"items":[]}"#);
+    }
 
     #[test]
     fn counts_take_grouped_digits_and_whole_floats() {

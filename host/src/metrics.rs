@@ -140,7 +140,7 @@ impl Metrics {
             );
             r.register(
                 "bundle_lock_timeouts",
-                "Pushes whose wait for a partition's row lock outlasted --lock-timeout-ms; partitions found locked by another session are then pushed on their own until one gets through",
+                "Pushes whose wait for a partition's row lock outlasted --lock-timeout; partitions found locked by another session are then pushed on their own until one gets through",
                 metrics.bundle_lock_timeouts.clone(),
             );
             r.register(

@@ -213,7 +213,7 @@ pub fn spawn(
         cache,
         db: db.with_own_pool(OwnPool {
             size: config.max_in_flight + CONTENDED_CONNECTIONS + HYDRATION_CONNECTIONS,
-            lock_timeout: Some(config.lock_timeout),
+            lock_timeout: config.lock_timeout,
         })?,
         metrics,
         config,
@@ -966,13 +966,16 @@ async fn push_around_locks(
     metrics.bundle_lock_timeout();
     let mut partition_ids: Vec<i64> = pushes.iter().map(|p| p.partition_id).collect();
     partition_ids.dedup();
-    let locked_elsewhere = db.partitions_locked_elsewhere(&partition_ids).await.unwrap_or_default();
+    let locked_elsewhere = db.partitions_locked_elsewhere(&partition_ids).await.unwrap_or_else(|asking| {
+        tracing::warn!(error = %asking, "cannot tell which partitions are locked elsewhere");
+        Vec::new()
+    });
     tracing::warn!(error = %error, segments = pushes.len(), ?locked_elsewhere, "a bundle's lock wait timed out");
-    let locked = |push: &SegmentPush| locked_elsewhere.contains(&push.partition_id);
-    let free: Vec<SegmentPush> = pushes.iter().filter(|push| !locked(push)).cloned().collect();
     if locked_elsewhere.is_empty() {
         return Pushed { results: vec![Err(PushFailure::from(error)); pushes.len()], locked_elsewhere };
     }
+    let locked = |push: &SegmentPush| locked_elsewhere.contains(&push.partition_id);
+    let free: Vec<SegmentPush> = pushes.iter().filter(|push| !locked(push)).cloned().collect();
     let free_results = if free.is_empty() {
         Vec::new()
     } else {

@@ -393,7 +393,7 @@ async fn connection(mut client: Client, plan: Connection) -> Tally {
         };
         let reply = client.send(Method::POST, "/api/v1/push", request.clone(), &[("content-type", "application/json")]).await;
         let done = Instant::now();
-        if !retry && replays_of.is_none() {
+        if !retry {
             if history.len() < HISTORY {
                 history.push(request);
             } else {

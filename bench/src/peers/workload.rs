@@ -48,18 +48,9 @@ impl Request {
     fn http_body(&self, queue: &str) -> Bytes {
         use std::fmt::Write as _;
         let mut body = String::with_capacity(64 + self.size as usize * (PAYLOAD.len() + 96));
-        body.push_str(r#"{"items":["#);
-        for (i, id) in self.ids().enumerate() {
-            if i > 0 {
-                body.push(',');
-            }
-            let _ = write!(
-                body,
-                r#"{{"queue":"{queue}","partition":"p{}","transactionId":"{id}","payload":{PAYLOAD}}}"#,
-                self.partition
-            );
-        }
-        body.push_str("]}");
+        crate::write_items(&mut body, queue, self.partition, self.size as usize, |body, i| {
+            let _ = write!(body, r#""transactionId":"{}-{}-{i}","payload":{PAYLOAD}"#, self.tag, self.seq);
+        });
         Bytes::from(body)
     }
 }

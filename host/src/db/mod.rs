@@ -319,14 +319,13 @@ impl Db {
     /// round trips on that thread.
     pub fn with_own_pool(&self, pool: OwnPool) -> Result<Db, DbError> {
         let mut config = self.config.clone();
-        if let Some(lock_timeout) = pool.lock_timeout {
-            let ms = lock_timeout.as_millis().max(1);
-            let options = match self.config.get_options() {
-                Some(given) if !given.trim().is_empty() => format!("{given} -c lock_timeout={ms}"),
-                _ => format!("-c lock_timeout={ms}"),
-            };
-            config.options(&options);
-        }
+        // A zero `lock_timeout` would mean no limit: the shortest is 1 ms.
+        let ms = pool.lock_timeout.as_millis().max(1);
+        let options = match self.config.get_options() {
+            Some(given) if !given.trim().is_empty() => format!("{given} -c lock_timeout={ms}"),
+            _ => format!("-c lock_timeout={ms}"),
+        };
+        config.options(&options);
         Ok(Db { pool: build_pool(&config, pool.size)?, config: self.config.clone() })
     }
 
@@ -597,9 +596,8 @@ pub struct OwnPool {
     /// Most connections open at once.
     pub size: usize,
     /// The longest any statement on these connections waits for a lock
-    /// (PostgreSQL's `lock_timeout`); `None` waits as long as the server's
-    /// own setting says.
-    pub lock_timeout: Option<Duration>,
+    /// (PostgreSQL's `lock_timeout`).
+    pub lock_timeout: Duration,
 }
 
 /// A pool of up to `pool_size` connections, none opened yet.
