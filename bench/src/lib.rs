@@ -181,7 +181,7 @@ pub fn load_average() -> String {
 
 /// The server's version, for a run's printed summary.
 pub async fn server_version(client: &tokio_postgres::Client) -> String {
-    client.query_one("SHOW server_version", &[]).await.expect("read the server's version").get(0)
+    client.query_one("SHOW server_version", &[]).await.expect("read the server's version").get("server_version")
 }
 
 /// Runs a benchmark on `runtime` to its end. Stopped by Ctrl-C or SIGTERM,

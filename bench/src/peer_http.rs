@@ -199,7 +199,7 @@ impl Endpoint {
             .await?;
         let returned = client.query(&statement, &[&rows.partitions, &rows.transaction_ids, &rows.payloads]).await?;
         let mut inserted: HashSet<(String, String)> =
-            returned.iter().map(|row| (row.get::<_, String>(0), row.get::<_, String>(1))).collect();
+            returned.iter().map(|row| (row.get::<_, String>("partition"), row.get::<_, String>("transaction_id"))).collect();
         Ok(items.iter().map(|item| inserted.remove(&(partition_key(item), item.transaction_id.to_owned()))).collect())
     }
 

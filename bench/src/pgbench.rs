@@ -135,12 +135,12 @@ pub async fn room(client: &tokio_postgres::Client) -> usize {
     let row = client
         .query_one(
             "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int \
-                    - (SELECT count(*) FROM pg_stat_activity)::int",
+                    - (SELECT count(*) FROM pg_stat_activity)::int AS free",
             &[],
         )
         .await
         .expect("read the server's free connections");
-    usize::try_from(row.get::<_, i32>(0) - 4).unwrap_or(0)
+    usize::try_from(row.get::<_, i32>("free") - 4).unwrap_or(0)
 }
 
 /// pgbench of the server's own installation where it can be found, else the

@@ -51,8 +51,8 @@ async fn a_load_run_stopped_by_sigterm_drops_its_database_and_exits_130() {
     let database = database.expect("the load generator names its database before priming");
     let c = connect(&admin_config()).await.expect("connect to the server");
     let exists = async |name: &str| -> bool {
-        let row = c.query_one("SELECT count(*) FROM pg_database WHERE datname = $1", &[&name]).await.unwrap();
-        row.get::<_, i64>(0) == 1
+        let row = c.query_one("SELECT count(*) AS databases FROM pg_database WHERE datname = $1", &[&name]).await.unwrap();
+        row.get::<_, i64>("databases") == 1
     };
     assert!(exists(&database).await, "{database} is there while the run is");
 

@@ -28,6 +28,7 @@ mod clock;
 mod entry;
 mod fetch;
 mod hash;
+mod owned;
 mod ring;
 mod shard;
 
@@ -45,4 +46,5 @@ pub use budget::{COOLDOWN_MS, FIT_PERCENT, RECENT_USE_MS};
 pub use cache::DedupCache;
 pub use clock::{DbClock, Reading};
 pub use hash::{HASH_LEN, Hash};
+pub use owned::{OwnedCommit, OwnedHydration, OwnedRow, OwnedSegment};
 pub use shard::Shard;

@@ -8,6 +8,7 @@ use std::fmt::Display;
 
 use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use unicode_normalization::UnicodeNormalization as _;
 
 pub use crate::payload::Payload;
@@ -17,6 +18,15 @@ pub const MAX_TRANSACTION_ID_BYTES: usize = 65_535;
 
 /// The longest queue or partition name accepted, in UTF-8 bytes.
 pub const MAX_NAME_BYTES: usize = 255;
+
+/// Most operations in one KV or timers call (a batch, or one transaction's
+/// operations of either kind).
+pub const MAX_OPS: usize = 256;
+
+/// The largest page of a listing (KV's `getPrefix`, a queue's timers), and
+/// the page a listing without a limit gets.
+pub const MAX_PAGE: u32 = 1000;
+pub const DEFAULT_PAGE: u32 = 100;
 
 /// The partition a push without one goes to.
 pub const DEFAULT_PARTITION: &str = "Default";
@@ -123,6 +133,57 @@ pub(crate) fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Ba
             BadRequest::new(format!("body: malformed JSON ({error})"))
         }
     })
+}
+
+/// A JSON array's elements, as views of the request's text: `{field}:
+/// expected an array` for anything else, 413 past `max` elements.
+pub(crate) fn elements(field: impl Display, raw: &RawValue, max: usize) -> Result<Vec<&RawValue>, BadRequest> {
+    if raw_type_name(raw) != ARRAY {
+        return Err(BadRequest::new(format!("{field}: expected an array, got {}", raw_type_name(raw))));
+    }
+    let elements: Vec<&RawValue> =
+        serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: {}", without_position(&error))))?;
+    if elements.len() > max {
+        return Err(BadRequest::too_large(format!("{field}: {} operations exceed the limit of {max}", elements.len())));
+    }
+    Ok(elements)
+}
+
+/// Reads a JSON object into `T` (a request's typed wire form), refusing it
+/// with the path of the field at fault: `{at}.{field}: {what}`, or
+/// `{at}: expected an object` for anything but an object.
+pub(crate) fn object<'a, T: Deserialize<'a>>(at: impl Display, raw: &'a RawValue) -> Result<T, BadRequest> {
+    if raw_type_name(raw) != OBJECT {
+        return Err(BadRequest::new(format!("{at}: expected an object, got {}", raw_type_name(raw))));
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let what = without_position(error.inner());
+        if path == "." { BadRequest::new(format!("{at}: {what}")) } else { BadRequest::new(format!("{at}.{path}: {what}")) }
+    })
+}
+
+/// serde_json's message without the " at line L column C" it appends: the
+/// field's path says where.
+fn without_position(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    match message.rfind(" at line ") {
+        Some(at) if error.line() > 0 => message[..at].to_owned(),
+        _ => message,
+    }
+}
+
+/// A raw value's JSON type, for error messages, from its first byte.
+pub(crate) fn raw_type_name(raw: &RawValue) -> &'static str {
+    match raw.get().as_bytes().first() {
+        Some(b'{') => OBJECT,
+        Some(b'[') => ARRAY,
+        Some(b'"') => STRING,
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => NULL,
+        _ => "a number",
+    }
 }
 
 pub(crate) const NULL: &str = "null";

@@ -12,17 +12,18 @@ use std::time::Instant;
 use bytestring::ByteString;
 use deadpool_postgres::GenericClient;
 use futures::future::try_join_all;
-use tokio::sync::Notify;
+use stile_guest::OwnedCommit;
 use uuid::Uuid;
 
-use crate::api::{Payload, PushItem};
+use crate::api::PushItem;
 use crate::db::{
     ClockFloor, Db, DbError, MessageOutcome, PartitionMeta, PartitionName, SegmentPush, push_on, resolve_partitions_on,
 };
 use crate::fusion::Message;
 use crate::hash::txn_hash;
 use crate::metrics::Metrics;
-use crate::shard::{Committed, METADATA_TTL, Outcome, PartitionPushRequest, PushFailure, ShardHandle, VouchRequest};
+pub use crate::shard::PushFailure;
+use crate::shard::{METADATA_TTL, Outcome, PartitionPushRequest, ShardHandle, VouchRequest};
 
 /// Most memoised partitions; beyond it the memo starts afresh.
 const METADATA_CAP: usize = 100_000;
@@ -45,58 +46,25 @@ pub struct Gateway {
     shards: Vec<ShardHandle>,
     metadata: Mutex<HashMap<(String, String), MetaRead>>,
     metrics: Arc<Metrics>,
-    /// Woken when a timer is scheduled through this gateway, so that its
-    /// firer looks again at once.
-    timers_scheduled: Arc<Notify>,
 }
 
-/// A message pushed inside an open transaction (a transaction request's push,
-/// a timer's fire), with its id already chosen.
-#[derive(Clone, Debug)]
-pub struct TransactionalPush {
-    pub queue: String,
-    pub partition: String,
-    pub transaction_id: String,
-    pub message_id: Uuid,
-    pub payload: Payload,
-}
-
-/// Messages ready to push inside a transaction: layer 1 applied, one
-/// segment per partition (see [`Gateway::plan_pushes`]).
-#[derive(Debug)]
-pub struct PlannedPushes {
-    pushes: Vec<TransactionalPush>,
-    hashes: Vec<[u8; 16]>,
-    /// For every push, the push it follows (itself for a leader).
-    leader_of: Vec<usize>,
-    /// Each segment's leaders, in segment order.
-    leaders: Vec<Vec<usize>>,
-    segments: Vec<SegmentPush>,
-    /// What the segments' vouches assume of PostgreSQL's clock.
-    clock_floor: ClockFloor,
-}
-
-/// What [`Gateway::push_planned`] did, before the transaction commits.
+/// What [`Gateway::push_in`] did, before the transaction commits.
 #[derive(Debug)]
 pub struct PushedInTransaction {
-    /// One answer per push, in order. A repeat of an earlier push of the
-    /// same transaction follows it and answers `duplicate`.
+    /// One answer per item, in order. A repeat of an earlier item of the
+    /// same plan follows it and answers `duplicate`.
     pub results: Vec<PushResult>,
-    /// How many pushes carried an id their partition already stores in the
-    /// window.
+    /// How many of the plan's messages carried an id their partition already
+    /// stores in the window.
     pub already_stored: usize,
     /// The segments written, for the shards' caches once committed.
-    pub committed: Vec<Committed>,
+    pub committed: Vec<OwnedCommit>,
 }
 
 impl Gateway {
     pub fn new(db: Db, shards: Vec<ShardHandle>, metrics: Arc<Metrics>) -> Gateway {
         assert!(!shards.is_empty(), "a gateway needs at least one shard");
-        Gateway { db, shards, metadata: Mutex::new(HashMap::new()), metrics, timers_scheduled: Arc::new(Notify::new()) }
-    }
-
-    pub fn timers_scheduled(&self) -> &Arc<Notify> {
-        &self.timers_scheduled
+        Gateway { db, shards, metadata: Mutex::new(HashMap::new()), metrics }
     }
 
     pub fn db(&self) -> &Db {
@@ -135,40 +103,33 @@ impl Gateway {
         Ok(results)
     }
 
-    /// Layer 1 and partition lookups for messages to push inside the open
-    /// transaction of `client`. Partitions this gateway has not seen lately
-    /// are looked up (or created) in that transaction, all in one round
-    /// trip: a queue or partition that only a rolled-back transaction named
-    /// is never left behind, and a transaction holds one connection only.
-    pub async fn plan_pushes(
-        &self,
-        client: &impl GenericClient,
-        pushes: Vec<TransactionalPush>,
-    ) -> Result<PlannedPushes, DbError> {
-        let hashes: Vec<[u8; 16]> = pushes.iter().map(|p| txn_hash(&p.transaction_id)).collect();
-        let mut first: HashMap<(&str, &str, [u8; 16]), usize> = HashMap::new();
-        let mut leader_of = Vec::with_capacity(pushes.len());
-        let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
-        for (index, push) in pushes.iter().enumerate() {
-            let leader = *first.entry((&push.queue, &push.partition, hashes[index])).or_insert(index);
-            leader_of.push(leader);
-            if leader == index {
-                groups.entry((&push.queue, &push.partition)).or_default().push(index);
-            }
-        }
-        let metas =
-            self.partitions_in(client, groups.keys().map(|&(queue, partition)| PartitionName { queue, partition })).await?;
+    /// Pushes a planned request inside the open transaction of `client`
+    /// (a transaction request's pushes, a timer fire's). Partitions this
+    /// gateway has not seen lately are looked up (or created) in that
+    /// transaction, all in one round trip and in (queue, partition) order: a
+    /// queue or partition that only a rolled-back transaction named is never
+    /// left behind, and a transaction holds one connection only. Each
+    /// segment is probed under its partition's row lock above what its
+    /// shard's cache vouches for. Nothing is visible until the caller
+    /// commits; then it hands [`PushedInTransaction::committed`] to
+    /// [`Gateway::committed_elsewhere`].
+    pub async fn push_in(&self, client: &impl GenericClient, plan: RequestPlan) -> Result<PushedInTransaction, DbError> {
+        let mut groups: Vec<(&(ByteString, ByteString), &Vec<usize>)> = plan.groups.iter().collect();
+        groups.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let names = groups.iter().map(|((queue, partition), _)| PartitionName { queue, partition });
+        let metas = self.partitions_in(client, names).await?;
         let mut segments = Vec::with_capacity(groups.len());
         let mut clock_floor = ClockFloor::EPOCH;
-        for (leaders, MetaRead { meta, read_at: window_read_at }) in groups.values().zip(metas) {
-            let segment_hashes: Vec<u8> = leaders.iter().flat_map(|&i| hashes[i]).collect();
+        for ((_, leaders), MetaRead { meta, read_at: window_read_at }) in groups.iter().zip(metas) {
+            let messages: Vec<&Message> = leaders.iter().map(|&item| &plan.messages[item]).collect();
+            let hashes: Vec<u8> = messages.iter().flat_map(|m| m.hash).collect();
             let shard = &self.shards[shard_of(meta.id, self.shards.len())];
             let vouch = shard
                 .vouch(VouchRequest {
                     partition_id: meta.id,
                     window_seconds: meta.window_seconds,
                     window_read_at,
-                    hashes: segment_hashes.clone(),
+                    hashes: hashes.clone(),
                 })
                 .await;
             // One floor for all the segments: the latest, so that each
@@ -180,81 +141,52 @@ impl Gateway {
                 partition_id: meta.id,
                 p_verified: vouch.p_verified,
                 planned_window_seconds: meta.window_seconds,
-                hashes: segment_hashes,
-                message_ids: leaders.iter().map(|&i| pushes[i].message_id).collect(),
-                transaction_ids: leaders.iter().map(|&i| pushes[i].transaction_id.clone()).collect(),
-                payloads: leaders.iter().map(|&i| pushes[i].payload.clone()).collect(),
+                hashes,
+                message_ids: messages.iter().map(|m| m.message_id).collect(),
+                transaction_ids: messages.iter().map(|m| m.transaction_id.to_string()).collect(),
+                payloads: messages.iter().map(|m| m.payload.clone()).collect(),
             });
         }
-        let leaders = groups.into_values().collect();
-        Ok(PlannedPushes { pushes, hashes, leader_of, leaders, segments, clock_floor })
-    }
-
-    /// Pushes planned messages in the open transaction of `client`, each
-    /// segment probed under its partition's row lock above what its shard's
-    /// cache vouched for when it was planned. Nothing is visible until the caller
-    /// commits; then it hands [`PushedInTransaction::committed`] to
-    /// [`Gateway::committed_elsewhere`].
-    pub async fn push_planned(
-        &self,
-        client: &impl GenericClient,
-        planned: PlannedPushes,
-    ) -> Result<PushedInTransaction, DbError> {
-        let PlannedPushes { pushes, hashes, leader_of, leaders, segments, clock_floor } = planned;
         let outcomes = push_on(client, clock_floor, &segments).await?;
-        let mut answers: Vec<Option<(Uuid, i64)>> = vec![None; pushes.len()];
+        let mut leader_outcomes: Vec<Option<Outcome>> = vec![None; plan.items.len()];
         let mut already_stored = 0;
         let mut committed = Vec::new();
-        for ((segment, leaders), outcome) in segments.iter().zip(&leaders).zip(&outcomes) {
+        for ((segment, (_, leaders)), outcome) in segments.iter().zip(&groups).zip(&outcomes) {
             self.metrics.segment(outcome.probe);
             let mut stored_hashes = Vec::with_capacity(segment.hashes.len());
-            for ((k, &item), message) in leaders.iter().enumerate().zip(outcome.per_message(leaders.len())) {
-                answers[item] = Some(match message {
+            for ((&item, &message_id), message) in
+                leaders.iter().zip(&segment.message_ids).zip(outcome.per_message(leaders.len()))
+            {
+                leader_outcomes[item] = Some(match message {
                     MessageOutcome::Stored { offset } => {
-                        stored_hashes.extend_from_slice(&hashes[item]);
-                        (segment.message_ids[k], offset)
+                        stored_hashes.extend_from_slice(&plan.messages[item].hash);
+                        Outcome::Queued { message_id, offset }
                     }
                     MessageOutcome::Duplicate(original) => {
                         already_stored += 1;
-                        (original.message_id, original.offset)
+                        Outcome::Duplicate { message_id: original.message_id, offset: original.offset }
                     }
                 });
             }
             if let Some(stored) = outcome.stored {
-                committed.push(Committed {
-                    partition_id: segment.partition_id,
+                committed.push(OwnedCommit {
+                    partition: segment.partition_id,
                     base_offset: stored.base_offset,
                     created_ms: stored.created_ms,
                     hashes: stored_hashes,
                 });
             }
         }
-        let results = pushes
-            .into_iter()
-            .enumerate()
-            .map(|(index, push)| {
-                let leader = leader_of[index];
-                let (message_id, offset) = answers[leader].expect("every leader is answered");
-                let stored_now = message_id == push.message_id && leader == index;
-                PushResult {
-                    message_id,
-                    transaction_id: push.transaction_id.into(),
-                    queue: push.queue.into(),
-                    partition: push.partition.into(),
-                    offset,
-                    duplicate: !stored_now,
-                }
-            })
-            .collect();
+        let results = plan.answer(&leader_outcomes);
         Ok(PushedInTransaction { results, already_stored, committed })
     }
 
     /// Tells each shard's cache of segments a transaction or a fire has
     /// committed (see [`ShardHandle::committed_elsewhere`]).
-    pub async fn committed_elsewhere(&self, committed: Vec<Committed>) {
-        let mut by_shard: BTreeMap<usize, Vec<Committed>> = BTreeMap::new();
+    pub async fn committed_elsewhere(&self, committed: Vec<OwnedCommit>) {
+        let mut by_shard: BTreeMap<usize, Vec<OwnedCommit>> = BTreeMap::new();
         for commit in committed {
-            by_shard.entry(shard_of(commit.partition_id, self.shards.len())).or_default().push(commit);
+            by_shard.entry(shard_of(commit.partition, self.shards.len())).or_default().push(commit);
         }
         for (shard, commits) in by_shard {
             self.shards[shard].committed_elsewhere(commits).await;
@@ -351,12 +283,19 @@ impl RequestPlan {
     /// Plans a validated request: a message for each item, its leader, and
     /// the leaders of each partition.
     pub fn new(items: Vec<PushItem>) -> RequestPlan {
+        let message_ids = items.iter().map(|_| Uuid::now_v7()).collect();
+        RequestPlan::with_message_ids(items, message_ids)
+    }
+
+    /// [`RequestPlan::new`] with the messages' ids chosen before (a timer's
+    /// message id, promised when it was scheduled): one per item.
+    pub fn with_message_ids(items: Vec<PushItem>, message_ids: Vec<Uuid>) -> RequestPlan {
+        assert_eq!(items.len(), message_ids.len(), "one message id per item");
         let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::new();
         let mut groups: HashMap<(ByteString, ByteString), Vec<usize>> = HashMap::new();
         let mut messages = Vec::with_capacity(items.len());
         let mut leader_of = Vec::with_capacity(items.len());
-        for item in &items {
-            let message_id = Uuid::now_v7();
+        for (item, message_id) in items.iter().zip(message_ids) {
             let transaction_id = item.transaction_id.clone().unwrap_or_else(|| ByteString::from(message_id.to_string()));
             messages.push(Message { message_id, hash: txn_hash(&transaction_id), transaction_id, payload: item.payload.clone() });
         }

@@ -39,11 +39,10 @@ use uuid::Uuid;
 use crate::api::{self, BadRequest};
 use crate::conn::{ConnectionLimits, ConnectionPhase};
 use crate::db::{ConfigureError, DbError, PageBound, StoredMessage};
-use crate::gateway::{Gateway, PushResult};
+use crate::gateway::{Gateway, PushFailure, PushResult};
 use crate::hash::txn_hash;
 use crate::intake::{Held, HeldBody, Intake};
 use crate::router::{self, Endpoint, Matched, Unrouted};
-use crate::shard::PushFailure;
 use crate::{kv, timers, transaction};
 
 /// Limits and access control of the HTTP layer.
@@ -82,6 +81,8 @@ impl Default for HttpConfig {
 #[derive(Debug)]
 pub struct App {
     pub gateway: Arc<Gateway>,
+    /// Woken when a timer scheduled through this gateway has committed.
+    pub firer: Arc<timers::FirerWake>,
     pub config: HttpConfig,
     /// The bound on the bytes requests in progress hold.
     pub intake: Intake,
@@ -336,20 +337,20 @@ struct MessagesReply<'a> {
 
 async fn kv_batch(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let body = read_body(app, request, held).await?;
-    let ops = kv::parse_batch(&body)?;
-    kv_reply(app, &ops).await
+    let calls = kv::parse_batch(&body)?;
+    kv_reply(app, &calls).await
 }
 
 async fn kv_get(app: &App, matched: &Matched) -> Result<Reply, Failure> {
-    let op = kv::path_op(kv::OpKind::Get, matched.param("ns"), matched.param("key"))?;
-    let applied = kv::apply(app.gateway.db(), std::slice::from_ref(&op), kv_limit(app)).await?;
+    let call = kv::path_op(false, matched.param("ns"), matched.param("key"))?;
+    let applied = kv::apply(app.gateway.db(), std::slice::from_ref(&call), kv_limit(app)).await?;
     count_kv(app, &applied);
     let result = &applied.results[0];
-    if result.get("found") != Some(&Value::Bool(true)) {
-        return Ok(json_reply(StatusCode::NOT_FOUND, result));
+    if result.found != Some(true) {
+        return Ok(json_reply(StatusCode::NOT_FOUND, &result.wire));
     }
-    let mut reply = json_reply(StatusCode::OK, result);
-    if let Some(version) = result.get("version").and_then(Value::as_i64)
+    let mut reply = json_reply(StatusCode::OK, &result.wire);
+    if let Some(version) = result.version
         && let Ok(etag) = HeaderValue::from_str(&format!("\"{version}\""))
     {
         reply.headers_mut().insert(ETAG, etag);
@@ -359,23 +360,26 @@ async fn kv_get(app: &App, matched: &Matched) -> Result<Reply, Failure> {
 
 async fn kv_put(app: &App, matched: &Matched, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let body = read_body(app, request, held).await?;
-    let op = kv::parse_put(matched.param("ns"), matched.param("key"), &body)?;
-    kv_reply(app, std::slice::from_ref(&op)).await
+    let call = kv::parse_put(matched.param("ns"), matched.param("key"), &body)?;
+    kv_reply(app, std::slice::from_ref(&call)).await
 }
 
 async fn kv_delete(app: &App, matched: &Matched) -> Result<Reply, Failure> {
-    let op = kv::path_op(kv::OpKind::Delete, matched.param("ns"), matched.param("key"))?;
-    kv_reply(app, std::slice::from_ref(&op)).await
+    let call = kv::path_op(true, matched.param("ns"), matched.param("key"))?;
+    kv_reply(app, std::slice::from_ref(&call)).await
 }
 
 /// Applies KV operations and answers 200 with their results, or, when a
 /// `required` one did not apply, with the lost precondition (nothing written).
-async fn kv_reply(app: &App, ops: &[kv::KvOp]) -> Result<Reply, Failure> {
-    let applied = kv::apply(app.gateway.db(), ops, kv_limit(app)).await?;
+async fn kv_reply(app: &App, calls: &[kv::KvCall]) -> Result<Reply, Failure> {
+    let applied = kv::apply(app.gateway.db(), calls, kv_limit(app)).await?;
     count_kv(app, &applied);
     match applied.failed {
-        Some(failed) => Ok(json_reply(StatusCode::OK, &Value::Object(applied.precondition_failure(failed, failed)))),
-        None => Ok(json_reply(StatusCode::OK, &json!({ "results": applied.results }))),
+        Some(failed) => Ok(json_reply(StatusCode::OK, &applied.precondition_lost(failed, failed))),
+        None => {
+            let results: Vec<&serde_json::Map<String, Value>> = applied.results.iter().map(|r| &r.wire).collect();
+            Ok(json_reply(StatusCode::OK, &json!({ "results": results })))
+        }
     }
 }
 
@@ -390,10 +394,10 @@ fn kv_limit(app: &App) -> kv::AnswerLimit {
 fn count_kv(app: &App, applied: &kv::Applied) {
     let metrics = app.gateway.metrics();
     for result in &applied.results {
-        let outcome = match result.get("applied") {
+        let outcome = match result.applied {
             None => "read",
-            Some(Value::Bool(true)) => "applied",
-            Some(_) => "refused",
+            Some(true) => "applied",
+            Some(false) => "refused",
         };
         metrics.kv_operations(outcome, 1);
     }
@@ -403,29 +407,28 @@ async fn transaction(app: &App, request: Request<Incoming>, held: &mut Held) -> 
     let body = read_body(app, request, held).await?;
     let request = transaction::parse(&body, app.config.max_items)?;
     drop(body);
-    let answer = transaction::run(&app.gateway, request, kv_limit(app)).await?;
+    let answer = transaction::run(&app.gateway, &app.firer, request, kv_limit(app)).await?;
     Ok(json_reply(StatusCode::OK, &answer))
 }
 
 async fn timers_batch(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let body = read_body(app, request, held).await?;
-    let ops = timers::parse_batch(&body)?;
-    let results = timers::apply(&app.gateway, &ops).await?;
+    let calls = timers::parse_batch(&body)?;
+    let results = timers::apply(&app.gateway, &app.firer, &calls).await?;
     Ok(json_reply(StatusCode::OK, &json!({ "results": results })))
 }
 
 async fn timers_list(app: &App, matched: &Matched, request: &Request<Incoming>) -> Result<Reply, Failure> {
     let queue = api::checked_name("queue", matched.param("queue").to_owned())?;
-    let (after, limit) = timers::page_query(&query(request))?;
-    let page = timers::list(&app.gateway, &queue, after.as_deref(), limit).await?;
+    let page = timers::PageQuery::parse(&query(request))?;
+    let page = timers::list(&app.gateway, &queue, &page).await?;
     Ok(json_reply(StatusCode::OK, &page))
 }
 
 async fn timer_peek(app: &App, matched: &Matched) -> Result<Reply, Failure> {
     let queue = api::checked_name("queue", matched.param("queue").to_owned())?;
-    let timer_key = matched.param("timerKey");
-    kv::validate_key("timerKey", timer_key)?;
-    match timers::peek(&app.gateway, &queue, timer_key).await? {
+    let timer_key = kv::Key::named("timerKey", matched.param("timerKey"))?;
+    match timers::peek(&app.gateway, &queue, &timer_key).await? {
         Some(timer) => Ok(json_reply(StatusCode::OK, &timer)),
         None => Ok(json_reply(StatusCode::OK, &json!({ "found": false }))),
     }
@@ -433,12 +436,10 @@ async fn timer_peek(app: &App, matched: &Matched) -> Result<Reply, Failure> {
 
 async fn timer_cancel(app: &App, matched: &Matched, request: &Request<Incoming>) -> Result<Reply, Failure> {
     let txn = query(request).remove("txn").filter(|t| !t.is_empty());
-    let op = timers::cancel_op(matched.param("queue"), matched.param("timerKey"), txn)?;
-    let mut results = timers::apply(&app.gateway, std::slice::from_ref(&op)).await?;
+    let call = timers::cancel_op(matched.param("queue"), matched.param("timerKey"), txn)?;
+    let mut results = timers::apply(&app.gateway, &app.firer, std::slice::from_ref(&call)).await?;
     let mut result = results.pop().expect("one result per operation");
-    if let Value::Object(fields) = &mut result {
-        fields.remove("index");
-    }
+    result.index = None;
     Ok(json_reply(StatusCode::OK, &result))
 }
 

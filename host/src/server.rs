@@ -102,8 +102,9 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     let kv_purge = tokio::spawn(kv_purge_loop(db.clone(), metrics.clone()));
     let intake = Intake::new(usize::try_from(config.max_held_bytes).unwrap_or(usize::MAX), metrics.requests_waited_for_room());
     let gateway = Arc::new(Gateway::new(db, handles, metrics));
-    let firer = tokio::spawn(crate::timers::fire_loop(gateway.clone()));
-    let app = Arc::new(App { gateway, config: config.http.clone(), intake });
+    let wake = Arc::new(crate::timers::FirerWake::default());
+    let firer = tokio::spawn(crate::timers::fire_loop(gateway.clone(), wake.clone()));
+    let app = Arc::new(App { gateway, firer: wake, config: config.http.clone(), intake });
     accept_until(listener, app, shutdown).await;
     purge.abort();
     kv_purge.abort();

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt as _};
 use stile_guest::{
-    Admission, Commit, DbClock, EntryState, Hydration, Millis, Offset, Plan, Reading, Segment as CacheSegment, TxnsRow,
+    Admission, Commit, DbClock, EntryState, Hydration, Millis, Offset, OwnedCommit, OwnedRow, Plan, Reading,
+    Segment as CacheSegment, TxnsRow,
 };
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
@@ -169,7 +170,7 @@ impl ShardHandle {
     /// a partition written by transactions is not rebuilt after each one; in
     /// any other order they leave a gap or force a rebuild, never a wrong
     /// vouch (invariant 3).
-    pub async fn committed_elsewhere(&self, commits: Vec<Committed>) {
+    pub async fn committed_elsewhere(&self, commits: Vec<OwnedCommit>) {
         if !commits.is_empty() {
             // A shard that is shutting down has no cache left to tell.
             let _ = self.tx.send(Work::CommittedElsewhere(commits)).await;
@@ -346,17 +347,6 @@ struct PlannedBundle {
     clock_floor: ClockFloor,
 }
 
-/// A segment PostgreSQL stored, as the cache is told of it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Committed {
-    pub partition_id: i64,
-    pub base_offset: i64,
-    /// The rows' `created_at` in ms since the epoch, rounded up.
-    pub created_ms: Millis,
-    /// The stored messages' hashes, in offset order.
-    pub hashes: Vec<u8>,
-}
-
 /// What the cache vouches for a segment pushed outside the shard's bundles
 /// (inside a transaction, or by a timer's fire): push it with this
 /// `p_verified`, and with a clock floor at or after `clock_floor`.
@@ -388,7 +378,7 @@ enum Work {
     Vouch(VouchRequest, oneshot::Sender<Vouch>),
     /// Segments committed by a transaction or a timer's fire, not by this
     /// shard's bundles.
-    CommittedElsewhere(Vec<Committed>),
+    CommittedElsewhere(Vec<OwnedCommit>),
 }
 
 /// A partition whose cache entry must be (re)built, and under which window.
@@ -724,7 +714,7 @@ impl Worker {
             return;
         }
         let now = self.now();
-        let mut commits: Vec<Committed> = Vec::new();
+        let mut commits: Vec<OwnedCommit> = Vec::new();
         let mut wants_hydration: Vec<WantsHydration> = Vec::new();
         for (in_flight, outcome) in stored {
             let InFlight { partition_id, window_seconds: planned, state, p_verified, segment } = in_flight;
@@ -742,7 +732,12 @@ impl Worker {
             let per_message = outcome.per_message(slots.len());
             if let Some(stored) = outcome.stored {
                 let hashes = if outcome.duplicates.is_empty() { hashes } else { stored_hashes(&slots, &per_message) };
-                commits.push(Committed { partition_id, base_offset: stored.base_offset, created_ms: stored.created_ms, hashes });
+                commits.push(OwnedCommit {
+                    partition: partition_id,
+                    base_offset: stored.base_offset,
+                    created_ms: stored.created_ms,
+                    hashes,
+                });
             }
             for (slot, message) in slots.into_iter().zip(per_message) {
                 let outcome = match message {
@@ -761,19 +756,11 @@ impl Worker {
         }
     }
 
-    fn record(&mut self, now: Millis, commits: &[Committed]) {
+    fn record(&mut self, now: Millis, commits: &[OwnedCommit]) {
         if commits.is_empty() {
             return;
         }
-        let commits: Vec<Commit<'_>> = commits
-            .iter()
-            .map(|c| Commit {
-                partition: c.partition_id,
-                base_offset: c.base_offset,
-                created_ms: c.created_ms,
-                hashes: &c.hashes,
-            })
-            .collect();
+        let commits: Vec<Commit<'_>> = commits.iter().map(OwnedCommit::borrow).collect();
         let started = Instant::now();
         self.cache.record_commits(now, &commits);
         self.metrics.guest_call(started.elapsed());
@@ -812,16 +799,7 @@ impl Worker {
                 return;
             }
         };
-        let txns: Vec<TxnsRow<'_>> = rows
-            .rows
-            .iter()
-            .map(|r| TxnsRow {
-                base_offset: r.base_offset,
-                end_offset: r.end_offset,
-                created_ms: r.created_ms,
-                hashes: &r.hashes,
-            })
-            .collect();
+        let txns: Vec<TxnsRow<'_>> = rows.rows.iter().map(OwnedRow::borrow).collect();
         let hydration = Hydration {
             partition: partition_id,
             window_ms: window_ms(window_seconds),

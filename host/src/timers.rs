@@ -1,95 +1,117 @@
 //! Timers: messages scheduled for later, with Queen's wire, and the firer
 //! every gateway runs.
 //!
-//! A timer is a row of `stile.timers` (`host/sql/functions/timers.sql`), an upsert on
-//! queue and key. A fire deletes the row and pushes its message (its `txn` as
-//! the transactionId, the message id promised at schedule time) in one
-//! PostgreSQL transaction, through the push function: it either commits both
-//! or neither, so a gateway killed mid-fire leaves the timer pending or the
-//! message stored, never both and never neither. Rows another firer holds
-//! are skipped (`FOR UPDATE SKIP LOCKED`), so each timer fires once however
-//! many gateways run. A fire that finds its `txn` already stored in the
-//! window (a retried fire, or a re-schedule with the same `txn`) stores
-//! nothing; a re-schedule with a new `txn`, or after the window, is a second
-//! message.
+//! A timer is a row of `stile.timers` (`host/sql/functions/timers.sql`, called
+//! from `host/src/db/timers.rs`), an upsert on queue and key. A fire deletes
+//! the row and pushes its message (its `txn` as the transactionId, the
+//! message id promised at schedule time) in one PostgreSQL transaction,
+//! through the push function: it either commits both or neither, so a
+//! gateway killed mid-fire leaves the timer pending or the message stored,
+//! never both and never neither. Rows another firer holds are skipped (`FOR
+//! UPDATE SKIP LOCKED`), so each timer fires once however many gateways run.
+//! A fire that finds its `txn` already stored in the window (a retried fire,
+//! or a re-schedule with the same `txn`) stores nothing; a re-schedule with a
+//! new `txn`, or after the window, is a second message.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use deadpool_postgres::GenericClient;
-use serde::Serialize;
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::api::{self, BadRequest, Payload, type_name};
-use crate::db::DbError;
-use crate::gateway::{Gateway, TransactionalPush};
-use crate::kv;
+use crate::api::{self, BadRequest, DEFAULT_PAGE, MAX_OPS, MAX_PAGE, Payload, type_name};
+pub use crate::db::timers::{Timer, TimerPage, TimerResult, TimerStatus, apply_in};
+use crate::db::{DbError, timers as sql};
+use crate::gateway::{Gateway, RequestPlan};
+use crate::kv::Key;
 
 /// The furthest ahead a timer may be scheduled.
 pub const HORIZON_MS: i64 = 90 * 86_400_000;
-/// Most operations in one call.
-pub const MAX_OPS: usize = 256;
 /// Most timers one fire takes.
 pub const FIRE_BATCH: i32 = 512;
 /// The longest a firer sleeps between looks at the table: a timer scheduled
 /// through another gateway fires at most this late.
 pub const MAX_SLEEP: Duration = Duration::from_millis(500);
 
-/// Fields the server owns: refused by name rather than dropped.
-const SERVER_OWNED: &[&str] =
-    &["messageId", "message_id", "deliverAt", "deliver_at", "delaySeconds", "delay_seconds", "attempts"];
-
-/// One validated operation, as `stile.timers_apply` reads it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TimerOp {
-    pub op: TimerOpKind,
+/// One operation on one timer, named by its queue and key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimerCall {
+    /// A queue name, validated and composed (NFC).
     pub queue: String,
-    pub timer_key: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub partition: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub txn: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message_id: Option<Uuid>,
-    /// The decoded payload's JSON text.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub payload: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub delay_ms: Option<i64>,
+    pub timer_key: Key,
+    pub op: TimerOp,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum TimerOpKind {
-    Schedule,
-    Reschedule,
-    Cancel,
+#[derive(Clone, Debug, PartialEq)]
+pub enum TimerOp {
+    /// Schedules the timer, or replaces the one pending under its key.
+    Schedule(Scheduled),
+    /// The same as `Schedule`, by its Queen name.
+    Reschedule(Scheduled),
+    /// Removes the pending timer; `txn` is only echoed when none is.
+    Cancel { txn: Option<String> },
+}
+
+/// A message to push later, with the ids it will carry chosen now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scheduled {
+    /// A partition name, validated and composed (NFC).
+    pub partition: String,
+    /// The message's transactionId (a new UUID when none was given).
+    pub txn: String,
+    pub message_id: Uuid,
+    /// The payload's JSON text, validated.
+    pub payload: String,
+    /// From now; a delay in the past is due at once.
+    pub delay_ms: i64,
+}
+
+impl TimerCall {
+    /// Whether the operation may make a timer due.
+    fn schedules(&self) -> bool {
+        !matches!(self.op, TimerOp::Cancel { .. })
+    }
+}
+
+/// Wakes this gateway's firer when a schedule through this gateway has
+/// committed: a timer due now fires without waiting for the firer's sleep.
+#[derive(Debug, Default)]
+pub struct FirerWake(Notify);
+
+impl FirerWake {
+    pub fn committed(&self, calls: &[TimerCall]) {
+        if calls.iter().any(TimerCall::schedules) {
+            self.0.notify_one();
+        }
+    }
 }
 
 /// Parses a list of timer operations; errors name `{field}[i].name`.
-pub fn parse_ops(field: &str, ops: &Value) -> Result<Vec<TimerOp>, BadRequest> {
-    let Value::Array(ops) = ops else {
-        return Err(BadRequest::new(format!("{field}: expected an array, got {}", type_name(ops))));
-    };
-    if ops.len() > MAX_OPS {
-        return Err(BadRequest::too_large(format!("{field}: {} operations exceed the limit of {MAX_OPS}", ops.len())));
-    }
-    ops.iter().enumerate().map(|(i, op)| parse_op(&format!("{field}[{i}]"), op)).collect()
+pub fn parse_ops(field: &str, ops: &RawValue) -> Result<Vec<TimerCall>, BadRequest> {
+    let ops = api::elements(field, ops, MAX_OPS)?;
+    ops.iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let at = format!("{field}[{i}]");
+            api::object::<WireTimerOp>(&at, op)?.into_call(&at)
+        })
+        .collect()
 }
 
 /// The body of `POST /api/v1/timers`: `{"operations": [...]}`.
-pub fn parse_batch(body: &[u8]) -> Result<Vec<TimerOp>, BadRequest> {
-    let Value::Object(mut root) = api::parse_json(body)? else {
+pub fn parse_batch(body: &[u8]) -> Result<Vec<TimerCall>, BadRequest> {
+    let root: &RawValue = api::parse_json(body)?;
+    if api::raw_type_name(root) != api::OBJECT {
         return Err(BadRequest::new("body: expected an object with an \"operations\" array"));
-    };
-    let ops = root.remove("operations").ok_or_else(|| BadRequest::new("operations: missing"))?;
-    let ops = parse_ops("operations", &ops)?;
+    }
+    let batch: Batch<'_> = api::object("body", root)?;
+    let ops = parse_ops("operations", batch.operations.ok_or_else(|| BadRequest::new("operations: missing"))?)?;
     if ops.is_empty() {
         return Err(BadRequest::new("operations: must not be empty"));
     }
@@ -97,87 +119,81 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<TimerOp>, BadRequest> {
 }
 
 /// A cancel of the timer a path names.
-pub fn cancel_op(queue: &str, timer_key: &str, txn: Option<String>) -> Result<TimerOp, BadRequest> {
+pub fn cancel_op(queue: &str, timer_key: &str, txn: Option<String>) -> Result<TimerCall, BadRequest> {
     let queue = api::checked_name("queue", queue.to_owned())?;
-    kv::validate_key("timerKey", timer_key)?;
+    let timer_key = Key::named("timerKey", timer_key)?;
     if let Some(txn) = &txn {
         api::validate_transaction_id("txn", txn)?;
     }
-    Ok(TimerOp {
-        op: TimerOpKind::Cancel,
-        queue,
-        timer_key: timer_key.to_owned(),
-        partition: None,
-        txn,
-        message_id: None,
-        payload: None,
-        delay_ms: None,
-    })
+    Ok(TimerCall { queue, timer_key, op: TimerOp::Cancel { txn } })
 }
 
-/// Applies `ops` in the open transaction of `client`: one result per
-/// operation.
-pub async fn apply_in(client: &impl GenericClient, ops: &[TimerOp]) -> Result<Vec<Value>, DbError> {
-    let json = serde_json::to_value(ops).expect("operations serialise");
-    let stmt = client.prepare_cached("SELECT stile.timers_apply($1::jsonb) AS results").await?;
-    let answer: Value = client.query_one(&stmt, &[&json]).await?.try_get("results")?;
-    match answer {
-        Value::Array(results) if results.len() == ops.len() => Ok(results),
-        _ => Err(DbError::Protocol("stile.timers_apply answered a result per operation".into())),
+/// Which page of a queue's timers to list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageQuery {
+    /// The key the page starts after; the first page when none.
+    pub after: Option<Key>,
+    /// At most this many timers, 1 to [`MAX_PAGE`].
+    pub limit: u32,
+}
+
+impl PageQuery {
+    /// A list's query string: `after` and `limit` ([`DEFAULT_PAGE`] when absent).
+    pub fn parse(query: &HashMap<String, String>) -> Result<PageQuery, BadRequest> {
+        let after = query.get("after").filter(|a| !a.is_empty()).map(|after| Key::named("after", after)).transpose()?;
+        let limit = match query.get("limit") {
+            None => DEFAULT_PAGE,
+            Some(raw) => match raw.parse::<u32>() {
+                Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+                _ => return Err(BadRequest::new(format!("limit: must be an integer from 1 to {MAX_PAGE}, got {raw:?}"))),
+            },
+        };
+        Ok(PageQuery { after, limit })
     }
 }
 
-/// Applies `ops` in a transaction of their own.
-pub async fn apply(gateway: &Gateway, ops: &[TimerOp]) -> Result<Vec<Value>, DbError> {
-    // One statement: its own transaction, all of it or nothing.
+/// Applies `calls` in a transaction of their own (one statement), then
+/// wakes the firer.
+pub async fn apply(gateway: &Gateway, wake: &FirerWake, calls: &[TimerCall]) -> Result<Vec<TimerResult>, DbError> {
     let client = gateway.db().pool().get().await?;
-    let results = apply_in(&client, ops).await?;
-    wake_firer(gateway, ops);
+    let results = apply_in(&client, calls).await?;
+    wake.committed(calls);
     Ok(results)
 }
 
-/// Wakes this gateway's firer once `ops` have committed, if they scheduled
-/// anything: a timer due now fires without waiting for the firer's sleep.
-pub fn wake_firer(gateway: &Gateway, ops: &[TimerOp]) {
-    if ops.iter().any(|op| op.op != TimerOpKind::Cancel) {
-        gateway.timers_scheduled().notify_one();
-    }
+/// One pending timer as the API shows it: its payload as base64 of its
+/// bytes, as the wire carries payloads.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TimerView {
+    #[serde(flatten)]
+    pub timer: Timer,
+    pub found: bool,
+    pub payload: String,
 }
 
-/// One pending timer, `None` when there is none.
-pub async fn peek(gateway: &Gateway, queue: &str, timer_key: &str) -> Result<Option<Value>, DbError> {
-    let client = gateway.db().pool().get().await?;
-    let row = client
-        .query_opt(
-            "SELECT stile.timer_row(t) || jsonb_build_object('found', true, 'payload', t.payload::text) AS timer \
-             FROM stile.timers t WHERE t.queue = $1 AND t.timer_key = $2::text COLLATE \"C\"",
-            &[&queue, &timer_key],
-        )
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let mut value: Value = row.try_get("timer")?;
-    // The wire carries payloads as base64 of their bytes.
-    if let Some(Value::String(text)) = value.get("payload").cloned() {
-        value["payload"] = Value::from(base64::engine::general_purpose::STANDARD.encode(text.as_bytes()));
-    }
-    Ok(Some(value))
+/// The pending timer under `queue` and `timer_key`, if any.
+pub async fn peek(gateway: &Gateway, queue: &str, timer_key: &Key) -> Result<Option<TimerView>, DbError> {
+    let pending = sql::pending(gateway.db(), queue, timer_key).await?;
+    Ok(pending.map(|sql::Pending { timer, payload }| TimerView {
+        timer,
+        found: true,
+        payload: base64::engine::general_purpose::STANDARD.encode(payload.as_bytes()),
+    }))
 }
 
-/// A page of a queue's pending timers, by key.
-pub async fn list(gateway: &Gateway, queue: &str, after: Option<&str>, limit: i32) -> Result<Value, DbError> {
-    let client = gateway.db().pool().get().await?;
-    Ok(client.query_one("SELECT stile.timers_list($1, $2, $3) AS page", &[&queue, &after, &limit]).await?.try_get("page")?)
+/// A page of `queue`'s pending timers, by key, after `after`.
+pub async fn list(gateway: &Gateway, queue: &str, page: &PageQuery) -> Result<TimerPage, DbError> {
+    sql::list(gateway.db(), queue, page.after.as_ref(), page.limit).await
 }
 
 /// Fires due timers until none is due, then sleeps until the next one is
 /// (at most [`MAX_SLEEP`], less when a schedule through this gateway wakes
 /// it). Runs for the gateway's life.
-pub async fn fire_loop(gateway: Arc<Gateway>) {
-    let wake: Arc<Notify> = gateway.timers_scheduled().clone();
+pub async fn fire_loop(gateway: Arc<Gateway>, wake: Arc<FirerWake>) {
     loop {
         let sleep = match fire_due(&gateway).await {
             Ok(fired) if fired > 0 => continue,
-            Ok(_) => next_due(&gateway).await.unwrap_or(MAX_SLEEP),
+            Ok(_) => sql::next_due(gateway.db()).await.map_or(MAX_SLEEP, |due| due.map_or(MAX_SLEEP, |due| due.min(MAX_SLEEP))),
             Err(error) => {
                 tracing::warn!(error = %error, "firing timers failed; retrying");
                 Duration::from_secs(1)
@@ -185,7 +201,7 @@ pub async fn fire_loop(gateway: Arc<Gateway>) {
         };
         tokio::select! {
             () = tokio::time::sleep(sleep) => {}
-            () = wake.notified() => {}
+            () = wake.0.notified() => {}
         }
     }
 }
@@ -195,99 +211,175 @@ pub async fn fire_loop(gateway: Arc<Gateway>) {
 pub async fn fire_due(gateway: &Gateway) -> Result<usize, DbError> {
     let mut client = gateway.db().pool().get().await?;
     let tx = client.transaction().await?;
-    let stmt = tx
-        .prepare_cached("SELECT queue, partition, txn, message_id, payload::text AS payload FROM stile.timers_take_due($1)")
-        .await?;
-    let rows = tx.query(&stmt, &[&FIRE_BATCH]).await?;
-    if rows.is_empty() {
+    let due = sql::take_due(&tx, FIRE_BATCH).await?;
+    if due.is_empty() {
         tx.rollback().await?;
         return Ok(0);
     }
-    let mut pushes = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let payload: String = row.try_get("payload")?;
-        let raw = RawValue::from_string(payload).map_err(|e| DbError::Protocol(format!("a timer's payload: {e}")))?;
-        pushes.push(TransactionalPush {
-            queue: row.try_get("queue")?,
-            partition: row.try_get("partition")?,
-            transaction_id: row.try_get("txn")?,
-            message_id: row.try_get("message_id")?,
-            payload: Payload::from(raw),
+    let fired = due.len();
+    let mut items = Vec::with_capacity(fired);
+    let mut message_ids = Vec::with_capacity(fired);
+    for timer in due {
+        let payload =
+            RawValue::from_string(timer.payload).map_err(|e| DbError::Protocol(format!("a timer's payload is not JSON: {e}")))?;
+        items.push(api::PushItem {
+            queue: timer.queue.into(),
+            partition: timer.partition.into(),
+            transaction_id: Some(timer.txn.into()),
+            payload: Payload::from(payload),
         });
+        message_ids.push(timer.message_id);
     }
-    let planned = gateway.plan_pushes(&tx, pushes).await?;
-    let pushed = gateway.push_planned(&tx, planned).await?;
+    let plan = RequestPlan::with_message_ids(items, message_ids);
+    let pushed = gateway.push_in(&tx, plan).await?;
     tx.commit().await?;
     gateway.committed_elsewhere(pushed.committed).await;
-    gateway.metrics().timers_fired(rows.len() as u64);
-    Ok(rows.len())
+    gateway.metrics().timers_fired(fired as u64);
+    Ok(fired)
 }
 
-async fn next_due(gateway: &Gateway) -> Result<Duration, DbError> {
-    let client = gateway.db().pool().get().await?;
-    let ms: Option<i64> = client.query_one("SELECT stile.timers_next_due_ms() AS due_in_ms", &[]).await?.try_get("due_in_ms")?;
-    Ok(ms.map_or(MAX_SLEEP, |ms| Duration::from_millis(ms.max(0) as u64).min(MAX_SLEEP)))
+/// `{"operations": [...]}`.
+#[derive(Deserialize)]
+struct Batch<'a> {
+    #[serde(borrow, default)]
+    operations: Option<&'a RawValue>,
 }
 
-fn parse_op(at: &str, op: &Value) -> Result<TimerOp, BadRequest> {
-    let Value::Object(fields) = op else {
-        return Err(BadRequest::new(format!("{at}: expected an object, got {}", type_name(op))));
-    };
-    let bad = |field: &str, what: &str| BadRequest::new(format!("{at}.{field}: {what}"));
-    if let Some(field) = fields.keys().find(|f| SERVER_OWNED.contains(&f.as_str())) {
-        return Err(bad(field, "is the server's to set (a timer carries only a relative delayMs)"));
+/// A timer operation as sent, each field read into its type as it is read.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireTimerOp {
+    op: Option<TimerOpName>,
+    queue: Option<String>,
+    timer_key: Option<Key>,
+    partition: Option<String>,
+    txn: Option<String>,
+    payload: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    payload_zstd: Option<Value>,
+    delay_ms: Option<DelayMs>,
+    /// Fields the server owns: refused by name rather than dropped.
+    #[serde(flatten)]
+    server_owned: ServerOwned,
+}
+
+/// The fields a timer's schedule must not carry: the server sets them.
+#[derive(Default, Deserialize)]
+struct ServerOwned {
+    #[serde(default, deserialize_with = "present", rename = "messageId")]
+    message_id: Option<Value>,
+    #[serde(default, deserialize_with = "present", rename = "message_id")]
+    message_id_snake: Option<Value>,
+    #[serde(default, deserialize_with = "present", rename = "deliverAt")]
+    deliver_at: Option<Value>,
+    #[serde(default, deserialize_with = "present", rename = "deliver_at")]
+    deliver_at_snake: Option<Value>,
+    #[serde(default, deserialize_with = "present", rename = "delaySeconds")]
+    delay_seconds: Option<Value>,
+    #[serde(default, deserialize_with = "present", rename = "delay_seconds")]
+    delay_seconds_snake: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    attempts: Option<Value>,
+}
+
+impl ServerOwned {
+    /// The first such field sent, by its wire name.
+    fn first(&self) -> Option<&'static str> {
+        [
+            ("messageId", &self.message_id),
+            ("message_id", &self.message_id_snake),
+            ("deliverAt", &self.deliver_at),
+            ("deliver_at", &self.deliver_at_snake),
+            ("delaySeconds", &self.delay_seconds),
+            ("delay_seconds", &self.delay_seconds_snake),
+            ("attempts", &self.attempts),
+        ]
+        .into_iter()
+        .find_map(|(name, value)| value.is_some().then_some(name))
     }
-    let string = |field: &str| -> Result<Option<String>, BadRequest> {
-        match fields.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(bad(field, &format!("expected a string, got {}", type_name(other)))),
+}
+
+impl WireTimerOp {
+    fn into_call(self, at: &str) -> Result<TimerCall, BadRequest> {
+        let bad = |field: &str, what: &str| BadRequest::new(format!("{at}.{field}: {what}"));
+        if let Some(field) = self.server_owned.first() {
+            return Err(bad(field, "is the server's to set (a timer carries only a relative delayMs)"));
         }
-    };
-    let op = match string("op")?.as_deref() {
-        Some("schedule") => TimerOpKind::Schedule,
-        Some("reschedule") => TimerOpKind::Reschedule,
-        Some("cancel") => TimerOpKind::Cancel,
-        Some(other) => return Err(bad("op", &format!("unknown operation {other:?} (schedule, reschedule, cancel)"))),
-        None => return Err(bad("op", "missing")),
-    };
-    let queue = string("queue")?.ok_or_else(|| bad("queue", "missing"))?;
-    let queue = api::checked_name(format_args!("{at}.queue"), queue)?;
-    let timer_key = string("timerKey")?.ok_or_else(|| bad("timerKey", "missing"))?;
-    kv::validate_key(format_args!("{at}.timerKey"), &timer_key)?;
-    let txn = string("txn")?;
-    if let Some(txn) = &txn {
-        api::validate_transaction_id(format_args!("{at}.txn"), txn)?;
+        let name = self.op.ok_or_else(|| bad("op", "missing"))?;
+        let queue = self.queue.ok_or_else(|| bad("queue", "missing"))?;
+        let queue = api::checked_name(format_args!("{at}.queue"), queue)?;
+        let timer_key = self.timer_key.ok_or_else(|| bad("timerKey", "missing"))?;
+        if let Some(txn) = &self.txn {
+            api::validate_transaction_id(format_args!("{at}.txn"), txn)?;
+        }
+        if name == TimerOpName::Cancel {
+            return Ok(TimerCall { queue, timer_key, op: TimerOp::Cancel { txn: self.txn } });
+        }
+        if self.payload_zstd.is_some_and(|v| v != Value::Bool(false)) {
+            return Err(bad("payloadZstd", "compressed timer payloads are not supported; send the payload uncompressed"));
+        }
+        let partition = self.partition.unwrap_or_else(|| api::DEFAULT_PARTITION.to_owned());
+        let partition = api::checked_name(format_args!("{at}.partition"), partition)?;
+        let DelayMs(delay_ms) = self.delay_ms.ok_or_else(|| bad("delayMs", "missing"))?;
+        let payload = self.payload.ok_or_else(|| bad("payload", "missing (base64 of the message's JSON)"))?;
+        let scheduled = Scheduled {
+            partition,
+            txn: self.txn.unwrap_or_else(|| Uuid::now_v7().to_string()),
+            message_id: Uuid::now_v7(),
+            payload: decode_payload(&payload).map_err(|what| bad("payload", &what))?,
+            delay_ms,
+        };
+        let op = match name {
+            TimerOpName::Schedule => TimerOp::Schedule(scheduled),
+            _ => TimerOp::Reschedule(scheduled),
+        };
+        Ok(TimerCall { queue, timer_key, op })
     }
-    let mut out = TimerOp { op, queue, timer_key, partition: None, txn, message_id: None, payload: None, delay_ms: None };
-    if op == TimerOpKind::Cancel {
-        return Ok(out);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TimerOpName {
+    Schedule,
+    Reschedule,
+    Cancel,
+}
+
+impl<'de> Deserialize<'de> for TimerOpName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<TimerOpName, D::Error> {
+        match String::deserialize(deserializer)?.as_str() {
+            "schedule" => Ok(TimerOpName::Schedule),
+            "reschedule" => Ok(TimerOpName::Reschedule),
+            "cancel" => Ok(TimerOpName::Cancel),
+            other => Err(de::Error::custom(format!("unknown operation {other:?} (schedule, reschedule, cancel)"))),
+        }
     }
-    if fields.get("payloadZstd").is_some_and(|v| v != &Value::Bool(false)) {
-        return Err(bad("payloadZstd", "compressed timer payloads are not supported; send the payload uncompressed"));
+}
+
+/// `delayMs`: whole milliseconds from now, within the horizon either way (a
+/// delay in the past means "due now"; one further back than the horizon is
+/// a mistake, and would leave PostgreSQL's timestamp range).
+#[derive(Clone, Copy, Debug)]
+struct DelayMs(i64);
+
+impl<'de> Deserialize<'de> for DelayMs {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<DelayMs, D::Error> {
+        let delay = match Value::deserialize(deserializer)? {
+            Value::Number(n) => n.as_i64().ok_or_else(|| de::Error::custom("expected an integer number of milliseconds"))?,
+            other => return Err(de::Error::custom(format!("expected an integer, got {}", type_name(&other)))),
+        };
+        if delay > HORIZON_MS {
+            return Err(de::Error::custom("exceeds the 90-day horizon (timer_horizon_exceeded)"));
+        }
+        if delay < -HORIZON_MS {
+            return Err(de::Error::custom("is more than the 90-day horizon in the past"));
+        }
+        Ok(DelayMs(delay))
     }
-    let partition = string("partition")?.unwrap_or_else(|| api::DEFAULT_PARTITION.to_owned());
-    let partition = api::checked_name(format_args!("{at}.partition"), partition)?;
-    let delay_ms = match fields.get("delayMs") {
-        Some(Value::Number(n)) => n.as_i64().ok_or_else(|| bad("delayMs", "expected an integer number of milliseconds"))?,
-        Some(other) => return Err(bad("delayMs", &format!("expected an integer, got {}", type_name(other)))),
-        None => return Err(bad("delayMs", "missing")),
-    };
-    if delay_ms > HORIZON_MS {
-        return Err(bad("delayMs", "exceeds the 90-day horizon (timer_horizon_exceeded)"));
-    }
-    // A delay in the past means "due now"; one further back than the
-    // horizon is a mistake, and would leave PostgreSQL's timestamp range.
-    if delay_ms < -HORIZON_MS {
-        return Err(bad("delayMs", "is more than the 90-day horizon in the past"));
-    }
-    let payload = string("payload")?.ok_or_else(|| bad("payload", "missing (base64 of the message's JSON)"))?;
-    out.payload = Some(decode_payload(&payload).map_err(|what| bad("payload", &what))?);
-    out.partition = Some(partition);
-    out.txn = Some(out.txn.take().unwrap_or_else(|| Uuid::now_v7().to_string()));
-    out.message_id = Some(Uuid::now_v7());
-    out.delay_ms = Some(delay_ms);
-    Ok(out)
+}
+
+/// A field that is present, `null` included.
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
 }
 
 /// Base64 of a JSON document, decoded to its validated text.
@@ -300,22 +392,6 @@ fn decode_payload(base64_text: &str) -> Result<String, String> {
         return Err("the decoded JSON must not contain the character U+0000".into());
     }
     Ok(checked.get().to_owned())
-}
-
-/// A list page's query: `after` and `limit` (1 to 1000, 100 by default).
-pub fn page_query(query: &HashMap<String, String>) -> Result<(Option<String>, i32), BadRequest> {
-    let after = query.get("after").filter(|a| !a.is_empty()).cloned();
-    if let Some(after) = &after {
-        kv::validate_key("after", after)?;
-    }
-    let limit = match query.get("limit") {
-        None => 100,
-        Some(raw) => match raw.parse::<i32>() {
-            Ok(n) if (1..=1000).contains(&n) => n,
-            _ => return Err(BadRequest::new(format!("limit: must be an integer from 1 to 1000, got {raw:?}"))),
-        },
-    };
-    Ok((after, limit))
 }
 
 #[cfg(test)]
@@ -336,10 +412,11 @@ mod tests {
             .as_bytes(),
         )
         .unwrap();
-        assert_eq!(ops[0].payload.as_deref(), Some("{\"a\": 1}"));
-        assert_eq!(ops[0].partition.as_deref(), Some("Default"));
-        assert!(ops[0].message_id.is_some());
-        assert_eq!((ops[0].txn.as_deref(), ops[0].delay_ms), (Some("t1"), Some(-5)));
+        let TimerOp::Schedule(scheduled) = &ops[0].op else { panic!("{:?}", ops[0]) };
+        assert_eq!(scheduled.payload, "{\"a\": 1}");
+        assert_eq!(scheduled.partition, "Default");
+        assert_eq!((scheduled.txn.as_str(), scheduled.delay_ms), ("t1", -5));
+        assert_eq!(ops[0].timer_key.as_str(), "k");
     }
 
     #[test]
@@ -356,6 +433,10 @@ mod tests {
             ),
             (json!({"op": "schedule", "queue": "q", "timerKey": "k", "payload": b64("1")}), "operations[0].delayMs: missing"),
             (
+                json!({"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": "1", "payload": b64("1")}),
+                "operations[0].delayMs: expected an integer, got a string",
+            ),
+            (
                 json!({"op": "schedule", "queue": "q", "timerKey": "k", "delayMs": HORIZON_MS + 1, "payload": b64("1")}),
                 "operations[0].delayMs: exceeds",
             ),
@@ -366,6 +447,8 @@ mod tests {
             (json!({"op": "fire", "queue": "q", "timerKey": "k"}), "operations[0].op: unknown"),
             (json!({"op": "cancel", "queue": "", "timerKey": "k"}), "operations[0].queue: must not be empty"),
             (json!({"op": "cancel", "queue": "q", "timerKey": ""}), "operations[0].timerKey"),
+            (json!({"op": "cancel", "queue": "q"}), "operations[0].timerKey: missing"),
+            (json!("x"), "operations[0]: expected an object, got a string"),
         ];
         for (op, expected) in cases {
             let body = json!({ "operations": [op] }).to_string();

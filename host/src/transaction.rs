@@ -14,23 +14,24 @@
 
 use bytes::Bytes;
 use bytestring::ByteString;
-use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use crate::api::{self, BadRequest, PushItem};
 use crate::db::DbError;
-use crate::gateway::{Gateway, PushResult, TransactionalPush};
-use crate::kv::{self, KvOp, OpsContext};
-use crate::timers::{self, TimerOp};
+use crate::gateway::{Gateway, PushResult, RequestPlan};
+use crate::kv::{self, KvCall, OpsContext, PreconditionLost};
+use crate::timers::{self, FirerWake, TimerCall, TimerResult};
 
 /// A validated transaction.
 #[derive(Debug)]
 pub struct TransactionRequest {
     pub pushes: Vec<PushItem>,
-    pub kv: Vec<KvOp>,
-    pub timers: Vec<TimerOp>,
+    pub kv: Vec<KvCall>,
+    pub timers: Vec<TimerCall>,
 }
 
 /// Parses a `POST /api/v1/transaction` body: `{"operations": [{"type":
@@ -41,47 +42,47 @@ pub fn parse(body: &Bytes, max_items: usize) -> Result<TransactionRequest, BadRe
     // JSON as serde_json captured it is UTF-8 throughout. The push items are
     // read as views of this text.
     let text = ByteString::try_from(body.clone()).map_err(|_| BadRequest::new("body: not UTF-8"))?;
-    if !root.get().starts_with('{') {
+    if api::raw_type_name(root) != api::OBJECT {
         return Err(BadRequest::new("body: expected a JSON object with an \"operations\" array"));
     }
-    let root: RawTransaction<'_> = serde_json::from_str(root.get()).map_err(|error| BadRequest::new(format!("body: {error}")))?;
+    let root: WireTransaction<'_> = api::object("body", root)?;
     let mut pushes = Vec::new();
-    if let Some(operations) = root.operations {
-        let operations: Vec<RawOperation<'_>> = serde_json::from_str(operations.get())
-            .map_err(|error| BadRequest::new(format!("operations: expected an array of objects ({error})")))?;
-        for (i, op) in operations.iter().enumerate() {
-            let at = format!("operations[{i}].");
-            match op.kind.as_deref() {
-                Some("push") => {}
-                Some("ack") => {
-                    return Err(BadRequest::new(format!(
-                        "{at}type: ack is refused: stile keeps no consumers, so there is nothing to acknowledge"
-                    )));
-                }
-                Some(other) => return Err(BadRequest::new(format!("{at}type: unknown operation {other:?} (push)"))),
-                None => return Err(BadRequest::new(format!("{at}type: missing"))),
+    let operations = root.operations.map(|ops| api::elements("operations", ops, usize::MAX)).transpose()?;
+    for (i, op) in operations.unwrap_or_default().iter().enumerate() {
+        let at = format!("operations[{i}].");
+        let op: WireOperation<'_> = api::object(format_args!("operations[{i}]"), op)?;
+        match op.kind.as_deref() {
+            Some("push") => {}
+            Some("ack") => {
+                return Err(BadRequest::new(format!(
+                    "{at}type: ack is refused: stile keeps no consumers, so there is nothing to acknowledge"
+                )));
             }
-            let Some(items) = op.items.filter(|items| items.get().starts_with('[')) else {
-                return Err(BadRequest::new(format!("{at}items: expected an array")));
-            };
-            pushes.extend(api::parse_items(&at, &text, items, max_items)?);
-            if pushes.len() > max_items {
-                return Err(BadRequest::too_large(format!("operations: more than {max_items} items in one transaction")));
-            }
+            Some(other) => return Err(BadRequest::new(format!("{at}type: unknown operation {other:?} (push)"))),
+            None => return Err(BadRequest::new(format!("{at}type: missing"))),
+        }
+        let Some(items) = op.items.filter(|items| api::raw_type_name(items) == api::ARRAY) else {
+            return Err(BadRequest::new(format!("{at}items: expected an array")));
+        };
+        pushes.extend(api::parse_items(&at, &text, items, max_items)?);
+        if pushes.len() > max_items {
+            return Err(BadRequest::too_large(format!("operations: more than {max_items} items in one transaction")));
         }
     }
-    let kv = match root.kv.map(raw_to_value).transpose()? {
-        None | Some(Value::Null) => Vec::new(),
-        Some(ops) => kv::parse_ops(OpsContext { field: "kv", in_transaction: true }, &ops)?,
+    let kv = match root.kv {
+        None => Vec::new(),
+        Some(ops) => kv::parse_ops(OpsContext { field: "kv", in_transaction: true }, ops)?,
     };
-    let timers = match root.timers.map(raw_to_value).transpose()? {
-        None | Some(Value::Null) => Vec::new(),
-        Some(ops) => timers::parse_ops("timers", &ops)?,
+    let timers = match root.timers {
+        None => Vec::new(),
+        Some(ops) => timers::parse_ops("timers", ops)?,
     };
-    match root.required_leases.map(raw_to_value).transpose()? {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(leases)) if leases.is_empty() => {}
-        Some(_) => return Err(BadRequest::new("requiredLeases: stile keeps no consumers, so it holds no leases")),
+    let holds_no_leases = match root.required_leases {
+        None => true,
+        Some(leases) => serde_json::from_str::<Vec<IgnoredAny>>(leases.get()).is_ok_and(|leases| leases.is_empty()),
+    };
+    if !holds_no_leases {
+        return Err(BadRequest::new("requiredLeases: stile keeps no consumers, so it holds no leases"));
     }
     if pushes.is_empty() && kv.is_empty() && timers.is_empty() {
         return Err(BadRequest::new("operations: the transaction has nothing to do"));
@@ -89,59 +90,145 @@ pub fn parse(body: &Bytes, max_items: usize) -> Result<TransactionRequest, BadRe
     Ok(TransactionRequest { pushes, kv, timers })
 }
 
-/// Runs a transaction and answers its body (always 200: a rolled-back
-/// transaction is a verdict, not an error).
-pub async fn run(gateway: &Gateway, request: TransactionRequest, kv_limit: kv::AnswerLimit) -> Result<Value, DbError> {
+/// A transaction's answer: always 200, since a rolled-back transaction is
+/// a verdict, not an error.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum TransactionAnswer {
+    Committed(Committed),
+    /// A push already stored in the window rolled it back.
+    Duplicate(RolledBack),
+    /// A `required` KV operation did not apply.
+    PreconditionLost {
+        #[serde(flatten)]
+        rolled_back: RolledBack,
+        #[serde(flatten)]
+        lost: PreconditionLost,
+    },
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Committed {
+    transaction_id: Uuid,
+    success: bool,
+    /// The pushes' answers, then the KV operations', then the timers'.
+    results: Vec<TransactionResult>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolledBack {
+    transaction_id: Uuid,
+    success: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    error: String,
+    /// Always empty: nothing of it was written.
+    results: [(); 0],
+}
+
+impl RolledBack {
+    fn new(transaction_id: Uuid, reason: Option<&'static str>, error: String) -> RolledBack {
+        RolledBack { transaction_id, success: false, reason, error, results: [] }
+    }
+}
+
+/// One entry of a committed transaction's flat result list.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum TransactionResult {
+    Push(PushEntry),
+    Kv(Rider<Map<String, Value>>),
+    Timer(Rider<TimerResult>),
+}
+
+/// A push's answer in a transaction's result list.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PushEntry {
+    index: usize,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    success: bool,
+    transaction_id: ByteString,
+    message_id: Uuid,
+    queue_name: ByteString,
+    partition: ByteString,
+    offset: i64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    duplicate: bool,
+}
+
+/// A KV or timer result in a transaction's result list: its place in the
+/// list, its place among its kind's operations, and the result's fields.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rider<T> {
+    index: usize,
+    op_index: usize,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    result: T,
+}
+
+/// Runs a transaction: the pushes, then the KV operations, then the timers,
+/// in one PostgreSQL transaction, all or nothing.
+pub async fn run(
+    gateway: &Gateway,
+    wake: &FirerWake,
+    request: TransactionRequest,
+    kv_limit: kv::AnswerLimit,
+) -> Result<TransactionAnswer, DbError> {
     let transaction_id = Uuid::now_v7();
-    let pushes: Vec<TransactionalPush> = request.pushes.into_iter().map(transactional).collect();
-    let push_count = pushes.len();
+    let push_count = request.pushes.len();
     let mut client = gateway.db().pool().get().await?;
     let tx = client.transaction().await?;
-    let planned = gateway.plan_pushes(&tx, pushes).await?;
-    let pushed = gateway.push_planned(&tx, planned).await?;
+    let pushed = gateway.push_in(&tx, RequestPlan::new(request.pushes)).await?;
     if pushed.already_stored > 0 {
         tx.rollback().await?;
         gateway.metrics().transaction("duplicate");
-        return Ok(json!({
-            "transactionId": transaction_id,
-            "success": false,
-            "reason": "duplicate",
-            "error": format!(
-                "QDUP: {} of the transaction's pushes already stored in the window; transaction rolled back",
-                pushed.already_stored
-            ),
-            "results": [],
-        }));
+        let error = format!(
+            "QDUP: {} of the transaction's pushes already stored in the window; transaction rolled back",
+            pushed.already_stored
+        );
+        return Ok(TransactionAnswer::Duplicate(RolledBack::new(transaction_id, Some("duplicate"), error)));
     }
     let applied = if request.kv.is_empty() { None } else { Some(kv::apply_in(&tx, &request.kv, kv_limit).await?) };
-    if let Some(failed) = applied.as_ref().and_then(|a| a.failed) {
+    if let Some(applied) = &applied
+        && let Some(failed) = applied.failed
+    {
         tx.rollback().await?;
         gateway.metrics().transaction("kv_precondition");
-        let applied = applied.as_ref().expect("set when failed is");
-        let mut answer = applied.precondition_failure(failed, push_count + failed);
-        answer.insert("transactionId".into(), json!(transaction_id));
-        answer.insert("success".into(), Value::Bool(false));
-        answer.insert("error".into(), Value::from("kv_precondition_failed"));
-        answer.insert("results".into(), json!([]));
-        return Ok(Value::Object(answer));
+        let rolled_back = RolledBack::new(transaction_id, None, "kv_precondition_failed".into());
+        return Ok(TransactionAnswer::PreconditionLost {
+            rolled_back,
+            lost: applied.precondition_lost(failed, push_count + failed),
+        });
     }
     let timer_results = if request.timers.is_empty() { Vec::new() } else { timers::apply_in(&tx, &request.timers).await? };
     tx.commit().await?;
     drop(client);
     gateway.committed_elsewhere(pushed.committed).await;
-    timers::wake_firer(gateway, &request.timers);
+    wake.committed(&request.timers);
     gateway.metrics().transaction("committed");
-    let mut results: Vec<Value> = pushed.results.iter().enumerate().map(|(i, r)| push_result(i, r)).collect();
-    if let Some(applied) = applied {
-        results.extend(applied.results.into_iter().enumerate().map(|(i, r)| rider(push_count + i, i, "kv", r)));
+    let mut results: Vec<TransactionResult> =
+        pushed.results.into_iter().enumerate().map(|(i, r)| TransactionResult::Push(push_entry(i, r))).collect();
+    for (i, result) in applied.into_iter().flat_map(|a| a.results).enumerate() {
+        let mut fields = result.wire;
+        fields.remove("index");
+        results.push(TransactionResult::Kv(Rider { index: results.len(), op_index: i, kind: "kv", result: fields }));
     }
-    let base = results.len();
-    results.extend(timer_results.into_iter().enumerate().map(|(i, r)| rider(base + i, i, "timer", r)));
-    Ok(json!({ "transactionId": transaction_id, "success": true, "results": results }))
+    for (i, mut result) in timer_results.into_iter().enumerate() {
+        result.index = None;
+        results.push(TransactionResult::Timer(Rider { index: results.len(), op_index: i, kind: "timer", result }));
+    }
+    Ok(TransactionAnswer::Committed(Committed { transaction_id, success: true, results }))
 }
 
 #[derive(Deserialize)]
-struct RawTransaction<'a> {
+struct WireTransaction<'a> {
     #[serde(borrow, default)]
     operations: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -153,56 +240,25 @@ struct RawTransaction<'a> {
 }
 
 #[derive(Deserialize)]
-struct RawOperation<'a> {
+struct WireOperation<'a> {
     #[serde(default, rename = "type")]
     kind: Option<String>,
     #[serde(borrow, default)]
     items: Option<&'a RawValue>,
 }
 
-fn raw_to_value(raw: &RawValue) -> Result<Value, BadRequest> {
-    serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("body: {error}")))
-}
-
-/// A push item with its id chosen: a push without a transactionId gets its
-/// message id, new every time.
-fn transactional(item: PushItem) -> TransactionalPush {
-    let message_id = Uuid::now_v7();
-    TransactionalPush {
-        transaction_id: item.transaction_id.map_or_else(|| message_id.to_string(), |id| id.to_string()),
-        queue: item.queue.to_string(),
-        partition: item.partition.to_string(),
-        message_id,
-        payload: item.payload,
+fn push_entry(index: usize, result: PushResult) -> PushEntry {
+    PushEntry {
+        index,
+        kind: "push",
+        success: true,
+        transaction_id: result.transaction_id,
+        message_id: result.message_id,
+        queue_name: result.queue,
+        partition: result.partition,
+        offset: result.offset,
+        duplicate: result.duplicate,
     }
-}
-
-fn push_result(index: usize, result: &PushResult) -> Value {
-    let mut out = Map::new();
-    out.insert("index".into(), json!(index));
-    out.insert("type".into(), json!("push"));
-    out.insert("success".into(), json!(true));
-    out.insert("transactionId".into(), json!(&*result.transaction_id));
-    out.insert("messageId".into(), json!(result.message_id));
-    out.insert("queueName".into(), json!(&*result.queue));
-    out.insert("partition".into(), json!(&*result.partition));
-    out.insert("offset".into(), json!(result.offset));
-    if result.duplicate {
-        out.insert("duplicate".into(), json!(true));
-    }
-    Value::Object(out)
-}
-
-/// A KV or timer result in the transaction's flat result list.
-fn rider(index: usize, op_index: usize, kind: &str, result: Value) -> Value {
-    let mut out = match result {
-        Value::Object(fields) => fields,
-        other => Map::from_iter([("result".to_owned(), other)]),
-    };
-    out.insert("index".into(), json!(index));
-    out.insert("opIndex".into(), json!(op_index));
-    out.insert("type".into(), json!(kind));
-    Value::Object(out)
 }
 
 #[cfg(test)]

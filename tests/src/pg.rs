@@ -104,7 +104,7 @@ pub async fn backend_pids(client: &tokio_postgres::Client, application_name: &st
         .await
         .expect("read pg_stat_activity")
         .iter()
-        .map(|row| row.get(0))
+        .map(|row| row.get("pid"))
         .collect()
 }
 
@@ -180,17 +180,35 @@ pub fn segment(
     }
 }
 
-/// A partition's stored state: `(last_offset, txns_start, segment rows, txns rows)`.
-pub async fn partition_state(client: &tokio_postgres::Client, partition_id: i64) -> (i64, i64, i64, i64) {
+/// A partition's stored state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionState {
+    /// The partition's `last_offset`.
+    pub last_offset: i64,
+    /// The partition's `txns_start`.
+    pub txns_start: i64,
+    /// How many segment rows it holds.
+    pub segments: i64,
+    /// How many txns rows it holds.
+    pub txns: i64,
+}
+
+/// A partition's stored state.
+pub async fn partition_state(client: &tokio_postgres::Client, partition_id: i64) -> PartitionState {
     let row = client
         .query_one(
             "SELECT p.last_offset, p.txns_start, \
-                    (SELECT count(*) FROM stile.segments s WHERE s.partition_id = p.id), \
-                    (SELECT count(*) FROM stile.txns t WHERE t.partition_id = p.id) \
+                    (SELECT count(*) FROM stile.segments s WHERE s.partition_id = p.id) AS segments, \
+                    (SELECT count(*) FROM stile.txns t WHERE t.partition_id = p.id) AS txns \
              FROM stile.partitions p WHERE p.id = $1",
             &[&partition_id],
         )
         .await
         .expect("read a partition's state");
-    (row.get(0), row.get(1), row.get(2), row.get(3))
+    PartitionState {
+        last_offset: row.get("last_offset"),
+        txns_start: row.get("txns_start"),
+        segments: row.get("segments"),
+        txns: row.get("txns"),
+    }
 }

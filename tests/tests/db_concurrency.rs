@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rand::seq::SliceRandom;
 use stile::db::{ClockFloor, MessageOutcome, SegmentOutcome};
-use stile_tests::pg::{TestDb, partition_state, segment};
+use stile_tests::pg::{PartitionState, TestDb, partition_state, segment};
 use tokio::sync::Barrier;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -79,7 +79,10 @@ async fn sixteen_pushers_of_one_transaction_id_store_it_once() {
     }
     let c = t.client().await;
     let (n, stored) = (ROUNDS as i64, ROUNDS as i64 * STORED_PER_ROUND);
-    assert_eq!(partition_state(&c, p.id).await, (stored - 1, 0, n * PUSHERS as i64, n * PUSHERS as i64));
+    assert_eq!(
+        partition_state(&c, p.id).await,
+        PartitionState { last_offset: stored - 1, txns_start: 0, segments: n * PUSHERS as i64, txns: n * PUSHERS as i64 }
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -141,12 +144,12 @@ async fn overlapping_bundles_in_random_order_never_deadlock() {
     let c = t.client().await;
     for pid in ids {
         let n = total.get(&pid).copied().unwrap_or(0);
-        let (last, _, _, _) = partition_state(&c, pid).await;
+        let last = partition_state(&c, pid).await.last_offset;
         assert_eq!(last, n - 1, "partition {pid}");
         // Segments tile the offsets without gaps or overlaps.
         let gaps: i64 = c
             .query_one(
-                "SELECT count(*) FROM (SELECT base_offset, \
+                "SELECT count(*) AS gaps FROM (SELECT base_offset, \
                         lag(end_offset) OVER (ORDER BY base_offset) AS prev \
                    FROM stile.segments WHERE partition_id = $1) s \
                   WHERE prev IS NOT NULL AND base_offset <> prev + 1",
@@ -154,7 +157,7 @@ async fn overlapping_bundles_in_random_order_never_deadlock() {
             )
             .await
             .unwrap()
-            .get(0);
+            .get("gaps");
         assert_eq!(gaps, 0);
     }
 }
@@ -182,6 +185,6 @@ async fn concurrent_first_use_creates_one_queue_and_one_partition() {
     }
     assert!(seen.iter().all(|m| *m == seen[0]), "{seen:?}");
     let c = t.client().await;
-    let n: i64 = c.query_one("SELECT count(*) FROM stile.partitions", &[]).await.unwrap().get(0);
+    let n: i64 = c.query_one("SELECT count(*) AS partitions FROM stile.partitions", &[]).await.unwrap().get("partitions");
     assert_eq!(n, 1);
 }

@@ -11,7 +11,7 @@ async fn applied(t: &TestDb) -> Vec<i32> {
         .await
         .unwrap()
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| r.get("version"))
         .collect()
 }
 
@@ -78,7 +78,9 @@ async fn functions_from_an_older_build_are_replaced_once() {
     let t = TestDb::unmigrated(1).await;
     t.db.migrate().await.unwrap();
     let c = t.client().await;
-    let defaults = || async { c.query_one("SELECT stile.option_defaults()::text", &[]).await.unwrap().get::<_, String>(0) };
+    let defaults = || async {
+        c.query_one("SELECT stile.option_defaults()::text AS defaults", &[]).await.unwrap().get::<_, String>("defaults")
+    };
     let current = defaults().await;
     c.batch_execute(
         "CREATE OR REPLACE FUNCTION stile.option_defaults() RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT '{}'::jsonb $$; \
@@ -89,11 +91,11 @@ async fn functions_from_an_older_build_are_replaced_once() {
     assert_eq!(defaults().await, "{}");
     t.db.migrate().await.unwrap();
     assert_eq!(defaults().await, current, "the older function was replaced");
-    let sets: i64 = c.query_one("SELECT count(*) FROM stile.function_sets", &[]).await.unwrap().get(0);
+    let sets: i64 = c.query_one("SELECT count(*) AS sets FROM stile.function_sets", &[]).await.unwrap().get("sets");
     assert_eq!(sets, 2, "both function sets are on record");
     // Up to date now: a further start changes nothing.
     t.db.migrate().await.unwrap();
-    let sets: i64 = c.query_one("SELECT count(*) FROM stile.function_sets", &[]).await.unwrap().get(0);
+    let sets: i64 = c.query_one("SELECT count(*) AS sets FROM stile.function_sets", &[]).await.unwrap().get("sets");
     assert_eq!(sets, 2);
     assert_eq!(applied(&t).await, all_versions());
 }
@@ -113,7 +115,9 @@ async fn a_later_migration_that_drops_a_function_leaves_it_defined() {
         migrations
     };
     let defaults = |c: tokio_postgres::Client| async move {
-        c.query_one("SELECT stile.option_defaults() ->> 'dedupWindowSeconds'", &[]).await.map(|row| row.get::<_, String>(0))
+        c.query_one("SELECT stile.option_defaults() ->> 'dedupWindowSeconds' AS dedup_window_seconds", &[])
+            .await
+            .map(|row| row.get::<_, String>("dedup_window_seconds"))
     };
     // Fresh.
     let fresh = TestDb::unmigrated(1).await;

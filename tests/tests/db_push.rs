@@ -6,7 +6,7 @@ use stile::db::{
     ClockFloor, ConfigureMode, DbError, Duplicate, MessageOutcome, PageBound, ProbeMode, SegmentOutcome, SegmentPush,
 };
 use stile::payload::Payload;
-use stile_tests::pg::{TestDb, partition_state, segment};
+use stile_tests::pg::{PartitionState, TestDb, partition_state, segment};
 use tokio_postgres::types::Json;
 
 /// A segment stored whole: its base offset and the probe.
@@ -97,7 +97,7 @@ async fn first_push_allocates_from_zero_and_writes_both_rows() {
     assert_eq!(committed(&out[0]), (3, ProbeMode::Full));
 
     let c = t.client().await;
-    assert_eq!(partition_state(&c, p.id).await, (3, 0, 2, 2));
+    assert_eq!(partition_state(&c, p.id).await, PartitionState { last_offset: 3, txns_start: 0, segments: 2, txns: 2 });
     let row = c
         .query_one(
             "SELECT end_offset, hashes, transaction_ids, payloads FROM stile.txns \
@@ -107,11 +107,14 @@ async fn first_push_allocates_from_zero_and_writes_both_rows() {
         )
         .await
         .unwrap();
-    assert_eq!(row.get::<_, i64>(0), 2);
-    let hashes: Vec<u8> = row.get(1);
+    assert_eq!(row.get::<_, i64>("end_offset"), 2);
+    let hashes: Vec<u8> = row.get("hashes");
     assert_eq!(&hashes[16..32], &stile::hash::txn_hash("b"));
-    assert_eq!(row.get::<_, Vec<String>>(2), vec!["a", "b", "c"]);
-    assert_eq!(row.get::<_, Vec<serde_json::Value>>(3), vec![json!({"txn": "a"}), json!({"txn": "b"}), json!({"txn": "c"})]);
+    assert_eq!(row.get::<_, Vec<String>>("transaction_ids"), vec!["a", "b", "c"]);
+    assert_eq!(
+        row.get::<_, Vec<serde_json::Value>>("payloads"),
+        vec![json!({"txn": "a"}), json!({"txn": "b"}), json!({"txn": "c"})]
+    );
 }
 
 #[tokio::test]
@@ -144,7 +147,7 @@ async fn a_duplicate_writes_nothing_and_names_the_original() {
     let per_message = out[0].per_message(3);
     assert_eq!(per_message[0], MessageOutcome::Stored { offset: 3 });
     assert_eq!(per_message[2], MessageOutcome::Stored { offset: 4 });
-    assert_eq!(partition_state(&c, p.id).await, (4, 0, 2, 2));
+    assert_eq!(partition_state(&c, p.id).await, PartitionState { last_offset: 4, txns_start: 0, segments: 2, txns: 2 });
     let row = c
         .query_one(
             "SELECT t.end_offset, t.hashes, s.transaction_ids, s.message_ids FROM stile.txns t \
@@ -154,11 +157,11 @@ async fn a_duplicate_writes_nothing_and_names_the_original() {
         )
         .await
         .unwrap();
-    assert_eq!(row.get::<_, i64>(0), 4);
+    assert_eq!(row.get::<_, i64>("end_offset"), 4);
     let hash = stile::hash::txn_hash;
-    assert_eq!(row.get::<_, Vec<u8>>(1), [hash("d"), hash("e")].concat());
-    assert_eq!(row.get::<_, Vec<String>>(2), vec!["d", "e"]);
-    assert_eq!(row.get::<_, Vec<uuid::Uuid>>(3), vec![d_id, e_id]);
+    assert_eq!(row.get::<_, Vec<u8>>("hashes"), [hash("d"), hash("e")].concat());
+    assert_eq!(row.get::<_, Vec<String>>("transaction_ids"), vec!["d", "e"]);
+    assert_eq!(row.get::<_, Vec<uuid::Uuid>>("message_ids"), vec![d_id, e_id]);
 
     // The same id in another partition or queue is another message.
     let other = t.db.resolve_partition("orders", "p1").await.unwrap();
@@ -283,8 +286,8 @@ async fn a_retry_that_is_a_run_of_its_row_is_answered_from_that_row() {
     let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &names[3..30], 0, 3600)]).await.unwrap();
     let expected: Vec<(u32, i64, uuid::Uuid)> = (0..27).map(|j| (j as u32, 4 + j as i64, uuid::Uuid::nil())).collect();
     assert_eq!(named(&out[0].duplicates), expected);
-    let (last_offset, _, _, txns_rows) = partition_state(&c, p.id).await;
-    assert_eq!((last_offset, txns_rows), (61, 3), "nothing of the retries was written");
+    let state = partition_state(&c, p.id).await;
+    assert_eq!((state.last_offset, state.txns), (61, 3), "nothing of the retries was written");
 }
 
 /// A segment whose hashes are given as bytes, for hashes that overlap others.
@@ -369,13 +372,13 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
         let retry = segment(p.id, &names, floor, 3600);
         // The counter is the backend's own, not yet reported: the difference
         // inside one transaction is what the push read.
-        let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass)";
+        let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass) AS entries_read";
         c.batch_execute("BEGIN").await.unwrap();
-        let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get(0);
+        let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get("entries_read");
         let row = push_in_sql(&c, &retry, Some(0)).await;
-        let read = c.query_one(index_reads, &[]).await.unwrap().get::<_, i64>(0) - before;
+        let read = c.query_one(index_reads, &[]).await.unwrap().get::<_, i64>("entries_read") - before;
         c.batch_execute("ROLLBACK").await.unwrap();
-        let (probe, idx, off): (String, Vec<i32>, Vec<i64>) = (row.get(0), row.get(1), row.get(2));
+        let (probe, idx, off): (String, Vec<i32>, Vec<i64>) = (row.get("probe"), row.get("dup_idx"), row.get("dup_off"));
         let expected: Vec<i64> = names.iter().map(|n| offset_of(n)).collect();
         assert_eq!(probe, "narrowed", "{names:?}");
         assert_eq!(idx, (0..names.len() as i32).collect::<Vec<_>>(), "{names:?}");
@@ -564,7 +567,7 @@ async fn window_zero_skips_the_probe_but_writes_txns() {
         assert_eq!(out[0].window_seconds, 0);
     }
     let c = t.client().await;
-    assert_eq!(partition_state(&c, p.id).await, (2, 0, 3, 3));
+    assert_eq!(partition_state(&c, p.id).await, PartitionState { last_offset: 2, txns_start: 0, segments: 3, txns: 3 });
 }
 
 #[tokio::test]
@@ -625,9 +628,9 @@ async fn a_bundle_with_a_duplicate_commits_the_other_partitions() {
     assert_eq!(stored_at(&out[1]), Some(1));
     assert_eq!(committed(&out[2]).0, 0);
     let c = t.client().await;
-    assert_eq!(partition_state(&c, p1.id).await, (0, 0, 1, 1));
-    assert_eq!(partition_state(&c, p2.id).await, (1, 0, 2, 2));
-    assert_eq!(partition_state(&c, p3.id).await, (1, 0, 1, 1));
+    assert_eq!(partition_state(&c, p1.id).await, PartitionState { last_offset: 0, txns_start: 0, segments: 1, txns: 1 });
+    assert_eq!(partition_state(&c, p2.id).await, PartitionState { last_offset: 1, txns_start: 0, segments: 2, txns: 2 });
+    assert_eq!(partition_state(&c, p3.id).await, PartitionState { last_offset: 1, txns_start: 0, segments: 1, txns: 1 });
 }
 
 #[tokio::test]
@@ -650,7 +653,7 @@ async fn malformed_bundles_are_refused_whole() {
             .unwrap_err();
     assert!(!e.is_unavailable(), "{e}");
     assert!(e.to_string().contains("unknown partition"), "{e}");
-    assert_eq!(partition_state(&c, p.id).await, (-1, 0, 0, 0));
+    assert_eq!(partition_state(&c, p.id).await, PartitionState { last_offset: -1, txns_start: 0, segments: 0, txns: 0 });
 
     // Names the schema refuses: empty, too long, with control characters.
     let long = "x".repeat(256);
@@ -658,7 +661,7 @@ async fn malformed_bundles_are_refused_whole() {
         let e = t.db.resolve_partition(queue, partition).await.unwrap_err();
         assert_eq!(e.kind(), "invalid", "{queue:?}/{partition:?}: {e}");
     }
-    let n: i64 = c.query_one("SELECT count(*) FROM stile.partitions", &[]).await.unwrap().get(0);
+    let n: i64 = c.query_one("SELECT count(*) AS partitions FROM stile.partitions", &[]).await.unwrap().get("partitions");
     assert_eq!(n, 1);
 }
 
@@ -716,21 +719,23 @@ async fn reads_return_what_was_pushed() {
     let c = t.client().await;
     let rows = c
         .query(
-            "SELECT \"offset\", message_id, transaction_id, payload::text, \
-                    ceil(extract(epoch FROM created_at) * 1000)::bigint \
+            "SELECT \"offset\", message_id, transaction_id, payload::text AS payload, \
+                    ceil(extract(epoch FROM created_at) * 1000)::bigint AS created_ms \
                FROM stile.messages WHERE queue = 'q' AND partition = 'p' ORDER BY \"offset\"",
             &[],
         )
         .await
         .unwrap();
-    let viewed: Vec<(i64, uuid::Uuid, String, String, i64)> =
-        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+    let viewed: Vec<(i64, uuid::Uuid, String, String, i64)> = rows
+        .iter()
+        .map(|r| (r.get("offset"), r.get("message_id"), r.get("transaction_id"), r.get("payload"), r.get("created_ms")))
+        .collect();
     let read: Vec<(i64, uuid::Uuid, String, String, i64)> = all
         .iter()
         .map(|m| (m.offset, m.message_id, m.transaction_id.clone(), m.payload.raw().get().to_owned(), m.created_ms))
         .collect();
     assert_eq!(viewed, read);
-    let total: i64 = c.query_one("SELECT count(*) FROM stile.messages", &[]).await.unwrap().get(0);
+    let total: i64 = c.query_one("SELECT count(*) AS messages FROM stile.messages", &[]).await.unwrap().get("messages");
     assert_eq!(total, 6);
 
     let hash = stile::hash::txn_hash;
@@ -856,7 +861,7 @@ async fn a_vouch_planned_ahead_of_the_database_clock_is_refused() {
     // No floor at all (NULL) vouches for nothing.
     let c = t.client().await;
     let row = push_in_sql(&c, &segment(p.id, &["c"], 3, 3600), None).await;
-    let (probe, offsets): (String, Vec<i64>) = (row.get(0), row.get(2));
+    let (probe, offsets): (String, Vec<i64>) = (row.get("probe"), row.get("dup_off"));
     assert_eq!((probe.as_str(), offsets), ("full", vec![2]));
 }
 
@@ -890,9 +895,9 @@ async fn retention_purges_segments_and_txns_outside_the_window() {
     let report = t.db.purge().await.unwrap();
     assert_eq!((report.partitions, report.segments_deleted, report.txns_deleted), (1, 3, 2));
     // Retention 0 keeps everything.
-    assert_eq!(partition_state(&c, kept.id).await, (3, 0, 3, 3));
+    assert_eq!(partition_state(&c, kept.id).await, PartitionState { last_offset: 3, txns_start: 0, segments: 3, txns: 3 });
     // Segments older than 60 s are gone; txns only outside the 600 s window.
-    assert_eq!(partition_state(&c, p.id).await, (3, 3, 0, 1));
+    assert_eq!(partition_state(&c, p.id).await, PartitionState { last_offset: 3, txns_start: 3, segments: 0, txns: 1 });
     assert!(t.db.read_messages("short", "p", 0, bound(10)).await.unwrap().messages.is_empty());
 
     // "d" is still a duplicate (its hash is inside the window), but its
@@ -953,8 +958,8 @@ async fn a_bundle_whose_shapes_do_not_add_up_stores_none_of_its_segments() {
         .await
         .unwrap_err();
     assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("22023"), "{e}");
-    assert_eq!(partition_state(&c, p.id).await, (0, 0, 1, 1));
-    assert_eq!(partition_state(&c, other.id).await, (1, 0, 1, 1));
+    assert_eq!(partition_state(&c, p.id).await, PartitionState { last_offset: 0, txns_start: 0, segments: 1, txns: 1 });
+    assert_eq!(partition_state(&c, other.id).await, PartitionState { last_offset: 1, txns_start: 0, segments: 1, txns: 1 });
 }
 
 /// A bundle's segments go to PostgreSQL in ascending partition order (the
@@ -986,11 +991,11 @@ async fn a_vouched_segment_is_one_row_and_a_retry_one_row_read() {
     let p = t.db.resolve_partition("q", "p").await.unwrap();
     let c = t.client().await;
     t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a"], -1, 3600)]).await.unwrap();
-    let counters = "SELECT pg_stat_get_xact_tuples_inserted('stile.log'::regclass), \
-                           pg_stat_get_xact_tuples_hot_updated('stile.partitions'::regclass), \
-                           pg_stat_get_xact_tuples_updated('stile.partitions'::regclass), \
-                           pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass), \
-                           pg_stat_get_xact_tuples_returned('stile.log_created_at'::regclass)";
+    let counters = "SELECT pg_stat_get_xact_tuples_inserted('stile.log'::regclass) AS inserted, \
+                           pg_stat_get_xact_tuples_hot_updated('stile.partitions'::regclass) AS hot_updated, \
+                           pg_stat_get_xact_tuples_updated('stile.partitions'::regclass) AS updated, \
+                           pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass) AS pkey_read, \
+                           pg_stat_get_xact_tuples_returned('stile.log_created_at'::regclass) AS created_at_read";
     let names: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let vouched = segment(p.id, &names, 0, 3600);
@@ -999,9 +1004,13 @@ async fn a_vouched_segment_is_one_row_and_a_retry_one_row_read() {
     let row = push_in_sql(&c, &vouched, Some(0)).await;
     let after = c.query_one(counters, &[]).await.unwrap();
     c.batch_execute("COMMIT").await.unwrap();
-    let delta = |k: usize| after.get::<_, i64>(k) - before.get::<_, i64>(k);
-    assert_eq!(row.get::<_, String>(0), "skipped");
-    assert_eq!((delta(0), delta(1), delta(2), delta(3), delta(4)), (1, 1, 1, 0, 0), "rows inserted, HOT, updated, read");
+    let delta = |k: &str| after.get::<_, i64>(k) - before.get::<_, i64>(k);
+    assert_eq!(row.get::<_, String>("probe"), "skipped");
+    assert_eq!(
+        (delta("inserted"), delta("hot_updated"), delta("updated"), delta("pkey_read"), delta("created_at_read")),
+        (1, 1, 1, 0, 0),
+        "rows inserted, HOT, updated, read"
+    );
 
     // The retry: its originals' offsets and ids from the one row that holds them.
     let mut retry = segment(p.id, &names, 0, 3600);
@@ -1011,10 +1020,14 @@ async fn a_vouched_segment_is_one_row_and_a_retry_one_row_read() {
     let row = push_in_sql(&c, &retry, Some(0)).await;
     let after = c.query_one(counters, &[]).await.unwrap();
     c.batch_execute("COMMIT").await.unwrap();
-    let delta = |k: usize| after.get::<_, i64>(k) - before.get::<_, i64>(k);
-    assert_eq!(row.get::<_, String>(0), "narrowed");
-    assert_eq!(row.get::<_, Vec<i64>>(2), (1..=100).collect::<Vec<i64>>());
-    assert_eq!((delta(0), delta(2), delta(3), delta(4)), (0, 0, 1, 0), "rows inserted, updated, read");
+    let delta = |k: &str| after.get::<_, i64>(k) - before.get::<_, i64>(k);
+    assert_eq!(row.get::<_, String>("probe"), "narrowed");
+    assert_eq!(row.get::<_, Vec<i64>>("dup_off"), (1..=100).collect::<Vec<i64>>());
+    assert_eq!(
+        (delta("inserted"), delta("updated"), delta("pkey_read"), delta("created_at_read")),
+        (0, 0, 1, 0),
+        "rows inserted, updated, read"
+    );
     let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &names[..3], 0, 3600)]).await.unwrap();
     assert_eq!(named(&out[0].duplicates), (0..3).map(|j| (j as u32, 1 + j as i64, vouched.message_ids[j])).collect::<Vec<_>>());
 }
@@ -1039,11 +1052,13 @@ async fn payloads_and_transaction_ids_are_stored_and_read_as_sent() {
         s.transaction_ids.iter().zip(&s.payloads).map(|(t, p)| (t.clone(), p.get().to_string())).collect();
     assert_eq!(read, sent);
     let c = t.client().await;
-    let rows =
-        c.query("SELECT transaction_id, payload::text, message_id FROM stile.messages ORDER BY \"offset\"", &[]).await.unwrap();
-    let viewed: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let rows = c
+        .query("SELECT transaction_id, payload::text AS payload, message_id FROM stile.messages ORDER BY \"offset\"", &[])
+        .await
+        .unwrap();
+    let viewed: Vec<(String, String)> = rows.iter().map(|r| (r.get("transaction_id"), r.get("payload"))).collect();
     assert_eq!(viewed, sent);
-    assert_eq!(rows.iter().map(|r| r.get::<_, uuid::Uuid>(2)).collect::<Vec<_>>(), s.message_ids);
+    assert_eq!(rows.iter().map(|r| r.get::<_, uuid::Uuid>("message_id")).collect::<Vec<_>>(), s.message_ids);
     for (k, txn) in s.transaction_ids.iter().enumerate() {
         let found = t.db.message_by_transaction_id("q", "p", stile::hash::txn_hash(txn), txn).await.unwrap().unwrap();
         assert_eq!((found.offset, found.payload.get()), (k as i64, s.payloads[k].get()));

@@ -62,10 +62,10 @@ async fn push_previous(c: &tokio_postgres::Client, segments: &[SegmentPush]) -> 
     rows.iter()
         .enumerate()
         .map(|(i, row)| {
-            assert_eq!(row.get::<_, i32>(0) as usize, i, "rows in segment order");
-            let idx: Option<Vec<i32>> = row.get(2);
-            let off: Option<Vec<i64>> = row.get(3);
-            let mids: Option<Vec<Option<uuid::Uuid>>> = row.get(4);
+            assert_eq!(row.get::<_, i32>("seg") as usize, i, "rows in segment order");
+            let idx: Option<Vec<i32>> = row.get("dup_idx");
+            let off: Option<Vec<i64>> = row.get("dup_off");
+            let mids: Option<Vec<Option<uuid::Uuid>>> = row.get("dup_ids");
             let dups = idx
                 .unwrap_or_default()
                 .into_iter()
@@ -73,7 +73,7 @@ async fn push_previous(c: &tokio_postgres::Client, segments: &[SegmentPush]) -> 
                 .zip(mids.unwrap_or_default())
                 .map(|((index, offset), id)| Duplicate { index: index as u32, offset, message_id: id.unwrap_or_default() })
                 .collect();
-            (row.get(1), dups)
+            (row.get("base_offset"), dups)
         })
         .collect()
 }
@@ -107,10 +107,10 @@ async fn messages_stored_before_the_upgrade_are_read_and_deduplicated_after_it()
     // A gateway of the previous build starting now finds its function set
     // on record, and so leaves this build's in place.
     let recorded: bool = c
-        .query_one("SELECT EXISTS (SELECT 1 FROM stile.function_sets WHERE checksum = '7b80b9dbd398a7db')", &[])
+        .query_one("SELECT EXISTS (SELECT 1 FROM stile.function_sets WHERE checksum = '7b80b9dbd398a7db') AS recorded", &[])
         .await
         .unwrap()
-        .get(0);
+        .get("recorded");
     assert!(recorded);
 
     // Read back as stored: ids, transactionIds and payloads byte for byte.
@@ -123,7 +123,8 @@ async fn messages_stored_before_the_upgrade_are_read_and_deduplicated_after_it()
     assert_eq!(read, expected);
     let found = t.db.message_by_transaction_id("orders", "p0", stile::hash::txn_hash("b"), "b").await.unwrap().unwrap();
     assert_eq!((found.offset, found.message_id, found.payload.get()), (1, first.message_ids[1], "[1, 2 ]"));
-    let counted: i64 = c.query_one("SELECT count(*) FROM stile.messages WHERE queue = 'orders'", &[]).await.unwrap().get(0);
+    let counted: i64 =
+        c.query_one("SELECT count(*) AS counted FROM stile.messages WHERE queue = 'orders'", &[]).await.unwrap().get("counted");
     assert_eq!(counted, 4, "three messages of p0 and one of p1; retention removed e and f");
     let hydrated = t.db.hydration(p.id, 3600, 5000).await.unwrap();
     assert_eq!(hydrated.rows.iter().map(|r| (r.base_offset, r.end_offset)).collect::<Vec<_>>(), vec![(0, 2), (3, 4)]);
@@ -241,13 +242,14 @@ async fn two_builds_under_load_store_each_id_once() {
     let c = t.client().await;
     let rows = c
         .query(
-            "SELECT p.id, m.transaction_id, m.\"offset\" FROM stile.messages m \
+            "SELECT p.id AS partition_id, m.transaction_id, m.\"offset\" FROM stile.messages m \
                JOIN stile.partitions p ON p.queue = m.queue AND p.name = m.partition",
             &[],
         )
         .await
         .unwrap();
-    let stored: HashMap<(i64, String), i64> = rows.iter().map(|r| ((r.get(0), r.get(1)), r.get(2))).collect();
+    let stored: HashMap<(i64, String), i64> =
+        rows.iter().map(|r| ((r.get("partition_id"), r.get("transaction_id")), r.get("offset"))).collect();
     assert_eq!(rows.len(), stored.len(), "no id stored twice");
     assert_eq!(stored, answered, "every answer names where its id is stored");
 }

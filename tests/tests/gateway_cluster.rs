@@ -16,7 +16,7 @@ async fn stored(t: &TestDb, queue: &str) -> BTreeMap<(String, i64), (String, Str
     let c = t.client().await;
     let rows = c
         .query(
-            "SELECT p.name, s.base_offset + m.i - 1, m.id::text, m.txn \
+            "SELECT p.name AS partition, s.base_offset + m.i - 1 AS offset, m.id::text AS message_id, m.txn \
                FROM stile.segments s JOIN stile.partitions p ON p.id = s.partition_id \
               CROSS JOIN LATERAL unnest(s.message_ids, s.transaction_ids) WITH ORDINALITY AS m(id, txn, i) \
               WHERE p.queue = $1",
@@ -24,7 +24,7 @@ async fn stored(t: &TestDb, queue: &str) -> BTreeMap<(String, i64), (String, Str
         )
         .await
         .expect("read the stored messages");
-    rows.iter().map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3)))).collect()
+    rows.iter().map(|r| ((r.get("partition"), r.get("offset")), (r.get("message_id"), r.get("txn")))).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,7 +85,7 @@ async fn two_gateways_on_one_database_store_every_id_exactly_once() {
     let c = t.client().await;
     let rows = c.query("SELECT name, last_offset FROM stile.partitions WHERE queue = 'multi'", &[]).await.unwrap();
     for row in rows {
-        let (name, last): (String, i64) = (row.get(0), row.get(1));
+        let (name, last): (String, i64) = (row.get("name"), row.get("last_offset"));
         let count = stored.keys().filter(|(p, _)| *p == name).count() as i64;
         assert_eq!(last + 1, count, "{name}: offsets are dense");
     }

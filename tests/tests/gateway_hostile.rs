@@ -120,12 +120,12 @@ async fn a_poisoned_item_fails_only_its_sender_and_every_bystander_is_answered()
         .client()
         .await
         .query_one(
-            "SELECT count(DISTINCT t) FROM stile.segments s, unnest(s.transaction_ids) AS t WHERE t = ANY($1)",
+            "SELECT count(DISTINCT t) AS stored FROM stile.segments s, unnest(s.transaction_ids) AS t WHERE t = ANY($1)",
             &[&bystanders.acknowledged],
         )
         .await
         .expect("count the stored ids")
-        .get(0);
+        .get("stored");
     assert_eq!(stored as usize, BYSTANDERS * PUSHES, "every acknowledged bystander message is stored");
 }
 
@@ -373,7 +373,7 @@ async fn a_page_of_another_site_cannot_write_and_command_line_habits_still_can()
         .await
         .unwrap()
         .iter()
-        .map(|row| row.get(0))
+        .map(|row| row.get("t"))
         .collect();
     assert_eq!(stored, ["app", "curl", "own"], "nothing of a refused request is written");
 }
@@ -388,7 +388,7 @@ async fn names_that_differ_only_in_unicode_normalization_are_one_queue() {
     assert_eq!(composed[0].status, "queued");
     assert_eq!((decomposed[0].status.as_str(), decomposed[0].offset), ("duplicate", composed[0].offset));
     assert_eq!((decomposed[0].queue.as_str(), decomposed[0].partition.as_str()), ("caf\u{e9}", "r\u{e9}gion"));
-    let queues: i64 = t.client().await.query_one("SELECT count(*) FROM stile.queues", &[]).await.unwrap().get(0);
+    let queues: i64 = t.client().await.query_one("SELECT count(*) AS queues FROM stile.queues", &[]).await.unwrap().get("queues");
     assert_eq!(queues, 1);
     let read = client.get("/api/v1/messages?queue=cafe%CC%81&partition=re%CC%81gion").await.json();
     assert_eq!(read["messages"].as_array().map(Vec::len), Some(1), "a read by either spelling finds the queue");

@@ -237,23 +237,27 @@ async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
     // exist, holding only the accepted messages.
     let c = t.client().await;
     let queues: Vec<String> =
-        c.query("SELECT name FROM stile.queues ORDER BY name", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+        c.query("SELECT name FROM stile.queues ORDER BY name", &[]).await.unwrap().iter().map(|r| r.get("name")).collect();
     let mut expected = vec!["ok".to_owned(), "ok-many".to_owned(), "ok-small".to_owned(), queue.clone()];
     expected.sort();
     assert_eq!(queues, expected);
     let row = c
         .query_one(
-            "SELECT (SELECT count(*) FROM stile.partitions), \
-                    (SELECT coalesce(sum(end_offset - base_offset + 1), 0)::bigint FROM stile.segments), \
-                    (SELECT coalesce(sum(length(hashes) / 16), 0)::bigint FROM stile.txns)",
+            "SELECT (SELECT count(*) FROM stile.partitions) AS partitions, \
+                    (SELECT coalesce(sum(end_offset - base_offset + 1), 0)::bigint FROM stile.segments) AS messages, \
+                    (SELECT coalesce(sum(length(hashes) / 16), 0)::bigint FROM stile.txns) AS hashes",
             &[],
         )
         .await
         .unwrap();
-    let (partitions, messages, hashes): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    let (partitions, messages, hashes): (i64, i64, i64) = (row.get("partitions"), row.get("messages"), row.get("hashes"));
     assert_eq!(partitions, 4);
     assert_eq!(messages, 1 + 1 + 10_000 + 1);
     assert_eq!(hashes, messages);
-    let window: i32 = c.query_one("SELECT dedup_window_seconds FROM stile.queues WHERE name = 'ok'", &[]).await.unwrap().get(0);
+    let window: i32 = c
+        .query_one("SELECT dedup_window_seconds FROM stile.queues WHERE name = 'ok'", &[])
+        .await
+        .unwrap()
+        .get("dedup_window_seconds");
     assert_eq!(window, 0, "only the good configure was applied");
 }

@@ -163,7 +163,7 @@ async fn an_expired_key_is_never_returned_and_is_purged() {
     db.execute("UPDATE stile.kv SET expires_at = clock_timestamp() - interval '1 second'", &[]).await.unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let left: i64 = db.query_one("SELECT count(*) FROM stile.kv", &[]).await.unwrap().get(0);
+        let left: i64 = db.query_one("SELECT count(*) AS left FROM stile.kv", &[]).await.unwrap().get("left");
         if left == 0 {
             break;
         }
@@ -230,7 +230,7 @@ async fn two_gateways_racing_one_once_have_exactly_one_winner() {
     for (key, winners) in winners.iter().enumerate() {
         assert_eq!(winners.len(), 1, "key k{key} was won by {winners:?}");
         let row = db.query_one("SELECT value FROM stile.kv WHERE ns = 'once' AND key = $1", &[&format!("k{key}")]).await.unwrap();
-        let stored: Value = row.get(0);
+        let stored: Value = row.get("value");
         assert_eq!(stored, json!(winners[0]), "the stored value is the winner's");
     }
 }
@@ -265,6 +265,6 @@ async fn bad_bodies_are_refused_naming_the_field_and_write_nothing() {
     }
     let reply = c.post("/api/v1/kv", "{\"operations\": [").await;
     assert_eq!(reply.status, 400);
-    let rows: i64 = t.client().await.query_one("SELECT count(*) FROM stile.kv", &[]).await.unwrap().get(0);
+    let rows: i64 = t.client().await.query_one("SELECT count(*) AS rows FROM stile.kv", &[]).await.unwrap().get("rows");
     assert_eq!(rows, 0, "a refused request wrote nothing");
 }

@@ -75,7 +75,7 @@ async fn sigterm_with_requests_in_flight_stores_every_answered_message_and_exits
     let c = t.client().await;
     let rows = c
         .query(
-            "SELECT p.name, s.base_offset + m.i - 1, m.id::text, m.txn \
+            "SELECT p.name AS partition, s.base_offset + m.i - 1 AS offset, m.id::text AS message_id, m.txn \
                FROM stile.segments s JOIN stile.partitions p ON p.id = s.partition_id \
               CROSS JOIN LATERAL unnest(s.message_ids, s.transaction_ids) WITH ORDINALITY AS m(id, txn, i)",
             &[],
@@ -83,7 +83,7 @@ async fn sigterm_with_requests_in_flight_stores_every_answered_message_and_exits
         .await
         .unwrap();
     let stored: HashMap<(String, i64), (String, String)> =
-        rows.iter().map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3)))).collect();
+        rows.iter().map(|r| ((r.get("partition"), r.get("offset")), (r.get("message_id"), r.get("txn")))).collect();
     for answer in &answers {
         let held = stored.get(&(answer.partition.clone(), answer.offset));
         assert_eq!(
@@ -136,6 +136,6 @@ async fn with_a_bearer_token_the_api_requires_it_and_health_stays_open() {
     assert_eq!(client.get("/health").await.status, 200);
 
     let c = t.client().await;
-    let count: i64 = c.query_one("SELECT count(*) FROM stile.segments", &[]).await.unwrap().get(0);
+    let count: i64 = c.query_one("SELECT count(*) AS segments FROM stile.segments", &[]).await.unwrap().get("segments");
     assert_eq!(count, 1, "the refused pushes wrote nothing");
 }

@@ -16,14 +16,14 @@ async fn stored_counts(t: &TestDb, queue: &str) -> (i64, i64) {
     let row = c
         .query_one(
             "SELECT (SELECT coalesce(sum(s.end_offset - s.base_offset + 1), 0)::bigint \
-                       FROM stile.segments s JOIN stile.partitions p ON p.id = s.partition_id WHERE p.queue = $1), \
+                       FROM stile.segments s JOIN stile.partitions p ON p.id = s.partition_id WHERE p.queue = $1) AS messages, \
                     (SELECT coalesce(sum(length(x.hashes) / 16), 0)::bigint \
-                       FROM stile.txns x JOIN stile.partitions p ON p.id = x.partition_id WHERE p.queue = $1)",
+                       FROM stile.txns x JOIN stile.partitions p ON p.id = x.partition_id WHERE p.queue = $1) AS hashes",
             &[&queue],
         )
         .await
         .expect("count a queue's rows");
-    (row.get(0), row.get(1))
+    (row.get("messages"), row.get("hashes"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,7 +55,8 @@ async fn a_retried_push_answers_duplicate_with_the_original_and_appends_nothing(
     assert_eq!(stored[0].payload, json!({"orderId": 9137}), "the original's payload");
     assert_eq!(stored_counts(&t, "payments").await, (1, 1));
     let c = t.client().await;
-    let last: i64 = c.query_one("SELECT last_offset FROM stile.partitions WHERE queue = 'payments'", &[]).await.unwrap().get(0);
+    let last: i64 =
+        c.query_one("SELECT last_offset FROM stile.partitions WHERE queue = 'payments'", &[]).await.unwrap().get("last_offset");
     assert_eq!(last, 0, "a duplicate does not move the allocator");
 
     // The next new id gets the next offset.
@@ -76,10 +77,10 @@ async fn payloads_are_stored_as_the_text_sent() {
     assert_eq!(reply.status, 201, "{}", reply.text());
     let c = t.client().await;
     let stored: Vec<Option<String>> = c
-        .query_one("SELECT s.payloads::text[] FROM stile.segments s JOIN stile.partitions p ON p.id = s.partition_id WHERE p.queue = 'raw'", &[])
+        .query_one("SELECT s.payloads::text[] AS payloads FROM stile.segments s JOIN stile.partitions p ON p.id = s.partition_id WHERE p.queue = 'raw'", &[])
         .await
         .unwrap()
-        .get(0);
+        .get("payloads");
     assert_eq!(stored, [Some(payload.to_owned()), Some("null".to_owned())]);
     // And read back as stored, by both read endpoints.
     let listed = client.get("/api/v1/messages?queue=raw&partition=Default").await;

@@ -25,26 +25,40 @@ async fn timers(client: &mut Client, ops: Vec<Value>) -> Vec<Value> {
     reply.json()["results"].as_array().unwrap().clone()
 }
 
-/// Every stored message of a queue: (transactionId, message id, payload).
-async fn delivered(t: &TestDb, queue: &str) -> Vec<(String, String, Value)> {
+/// A stored message of a timers' queue.
+#[derive(Debug)]
+struct Delivered {
+    transaction_id: String,
+    message_id: String,
+    payload: Value,
+}
+
+/// Every stored message of a queue.
+async fn delivered(t: &TestDb, queue: &str) -> Vec<Delivered> {
     let rows = t
         .client()
         .await
         .query(
-            "SELECT transaction_id, message_id::text, payload::jsonb FROM stile.messages WHERE queue = $1 ORDER BY created_at, \"offset\"",
+            "SELECT transaction_id, message_id::text AS message_id, payload::jsonb AS payload FROM stile.messages WHERE queue = $1 ORDER BY created_at, \"offset\"",
             &[&queue],
         )
         .await
         .unwrap();
-    rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
+    rows.iter()
+        .map(|r| Delivered {
+            transaction_id: r.get("transaction_id"),
+            message_id: r.get("message_id"),
+            payload: r.get("payload"),
+        })
+        .collect()
 }
 
 async fn pending(t: &TestDb) -> i64 {
-    t.client().await.query_one("SELECT count(*) FROM stile.timers", &[]).await.unwrap().get(0)
+    t.client().await.query_one("SELECT count(*) AS pending FROM stile.timers", &[]).await.unwrap().get("pending")
 }
 
 /// Waits, polling PostgreSQL, until `queue` holds `count` messages.
-async fn wait_delivered(t: &TestDb, queue: &str, count: usize) -> Vec<(String, String, Value)> {
+async fn wait_delivered(t: &TestDb, queue: &str, count: usize) -> Vec<Delivered> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let messages = delivered(t, queue).await;
@@ -72,9 +86,9 @@ async fn a_timer_fires_once_with_its_txn_and_promised_message_id() {
     assert_eq!((results[0]["ok"].clone(), results[0]["status"].clone()), (json!(true), json!("scheduled")));
     let promised = results[1]["messageId"].as_str().unwrap().to_owned();
     let messages = wait_delivered(&t, "jobs", 2).await;
-    assert_eq!(messages[0].0, "txn-past", "a delay in the past fires on the first sweep");
+    assert_eq!(messages[0].transaction_id, "txn-past", "a delay in the past fires on the first sweep");
     assert_eq!(
-        (messages[1].0.as_str(), messages[1].1.as_str(), &messages[1].2),
+        (messages[1].transaction_id.as_str(), messages[1].message_id.as_str(), &messages[1].payload),
         ("txn-soon", promised.as_str(), &json!({"n": 2}))
     );
     assert_eq!(pending(&t).await, 0);
@@ -155,7 +169,7 @@ async fn two_gateways_fire_each_timer_once() {
     }
     let messages = wait_delivered(&t, "race", TIMERS).await;
     assert_eq!(pending(&t).await, 0);
-    let mut txns: Vec<&str> = messages.iter().map(|m| m.0.as_str()).collect();
+    let mut txns: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
     txns.sort_unstable();
     txns.dedup();
     assert_eq!((messages.len(), txns.len()), (TIMERS, TIMERS), "every timer fired exactly once");
@@ -187,10 +201,13 @@ async fn a_gateway_killed_mid_fire_leaves_the_timer_pending() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let waiting: i64 = observer
-            .query_one("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%stile.push%'", &[])
+            .query_one(
+                "SELECT count(*) AS waiting FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%stile.push%'",
+                &[],
+            )
             .await
             .unwrap()
-            .get(0);
+            .get("waiting");
         if waiting > 0 {
             break;
         }
@@ -211,7 +228,7 @@ async fn a_gateway_killed_mid_fire_leaves_the_timer_pending() {
 
     let _second = Gateway::start(&t.url()).await;
     let messages = wait_delivered(&t, "held", 2).await;
-    assert_eq!(messages.iter().filter(|m| m.0 == "fired-once").count(), 1, "{messages:?}");
+    assert_eq!(messages.iter().filter(|m| m.transaction_id == "fired-once").count(), 1, "{messages:?}");
     assert_eq!(pending(&t).await, 0);
 }
 
@@ -243,5 +260,5 @@ async fn a_timer_rides_the_transaction() {
         .json();
     assert_eq!(committed["success"], json!(true), "{committed}");
     let messages = wait_delivered(&t, "later", 1).await;
-    assert_eq!(messages.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(), vec!["t-2"]);
+    assert_eq!(messages.iter().map(|m| m.transaction_id.as_str()).collect::<Vec<_>>(), vec!["t-2"]);
 }

@@ -35,19 +35,28 @@ async fn stored(t: &TestDb, queue: &str, partition: &str) -> Vec<String> {
         )
         .await
         .unwrap();
-    rows.iter().map(|r| r.get(0)).collect()
+    rows.iter().map(|r| r.get("transaction_id")).collect()
 }
 
-async fn counts(t: &TestDb) -> (i64, i64, i64) {
+/// How many rows the gateway's tables hold.
+#[derive(Debug, PartialEq, Eq)]
+struct Counts {
+    messages: i64,
+    kv: i64,
+    timers: i64,
+}
+
+async fn counts(t: &TestDb) -> Counts {
     let c = t.client().await;
     let row = c
         .query_one(
-            "SELECT (SELECT count(*) FROM stile.messages), (SELECT count(*) FROM stile.kv), (SELECT count(*) FROM stile.timers)",
+            "SELECT (SELECT count(*) FROM stile.messages) AS messages, (SELECT count(*) FROM stile.kv) AS kv, \
+                    (SELECT count(*) FROM stile.timers) AS timers",
             &[],
         )
         .await
         .unwrap();
-    (row.get(0), row.get(1), row.get(2))
+    Counts { messages: row.get("messages"), kv: row.get("kv"), timers: row.get("timers") }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,7 +88,7 @@ async fn a_transaction_commits_its_pushes_keys_and_timers_together() {
     );
     assert_eq!((results[4]["type"].clone(), results[4]["status"].clone()), (json!("timer"), json!("scheduled")));
     assert_eq!(stored(&t, "emails", "u1").await, vec!["mail-1"], "the repeat is stored once");
-    assert_eq!(counts(&t).await, (2, 1, 1));
+    assert_eq!(counts(&t).await, Counts { messages: 2, kv: 1, timers: 1 });
 
     // The same transaction again: its pushes are stored, so it writes nothing.
     let retry = transaction(
@@ -90,7 +99,11 @@ async fn a_transaction_commits_its_pushes_keys_and_timers_together() {
     .await;
     assert_eq!((retry["success"].clone(), retry["reason"].clone()), (json!(false), json!("duplicate")), "{retry}");
     assert_eq!(retry["results"], json!([]));
-    assert_eq!(counts(&t).await, (2, 1, 1), "a rolled-back transaction wrote nothing: no key, the timer still pending");
+    assert_eq!(
+        counts(&t).await,
+        Counts { messages: 2, kv: 1, timers: 1 },
+        "a rolled-back transaction wrote nothing: no key, the timer still pending"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,7 +125,7 @@ async fn a_lost_gate_rolls_back_the_pushes_before_it() {
     assert_eq!(second["failedIndex"], json!(3), "the flat index: two pushed items, then the kv rider");
     assert_eq!((second["kvReason"].clone(), second["value"].clone()), (json!("exists"), json!(true)));
     assert_eq!(stored(&t, "emails", "u1").await, vec!["m-1"], "the pushes before the lost gate were rolled back");
-    assert_eq!(counts(&t).await, (1, 1, 0));
+    assert_eq!(counts(&t).await, Counts { messages: 1, kv: 1, timers: 0 });
     // The ids of the rolled-back pushes are free: a plain push stores them.
     let answers = c.push(vec![item("emails", "u1", Some("m-2"), json!(2))]).await;
     assert!(answers[0].queued(), "{answers:?}");
@@ -126,7 +139,7 @@ async fn a_transaction_without_pushes_applies_its_riders() {
     let mut c = gw.client().await;
     let answer = transaction(&mut c, json!({"operations": [], "kv": [once("only-kv")]})).await;
     assert_eq!(answer["success"], json!(true), "{answer}");
-    assert_eq!(counts(&t).await, (0, 1, 0));
+    assert_eq!(counts(&t).await, Counts { messages: 0, kv: 1, timers: 0 });
 }
 
 /// Queues and partitions that exist, by name.
@@ -134,13 +147,13 @@ async fn names(t: &TestDb) -> Vec<String> {
     let c = t.client().await;
     let rows = c
         .query(
-            "SELECT q.name || coalesce('/' || p.name, '') FROM stile.queues q LEFT JOIN stile.partitions p ON p.queue = q.name
+            "SELECT q.name || coalesce('/' || p.name, '') AS name FROM stile.queues q LEFT JOIN stile.partitions p ON p.queue = q.name
              ORDER BY 1",
             &[],
         )
         .await
         .unwrap();
-    rows.iter().map(|r| r.get(0)).collect()
+    rows.iter().map(|r| r.get("name")).collect()
 }
 
 /// A rolled-back transaction leaves nothing of the queues and partitions
@@ -219,7 +232,7 @@ async fn acks_and_bad_bodies_are_refused_and_write_nothing() {
         assert_eq!(reply.status, 400, "{body}: {}", reply.text());
         assert!(reply.error().starts_with(expected), "{body}: {}", reply.error());
     }
-    assert_eq!(counts(&t).await, (0, 0, 0));
+    assert_eq!(counts(&t).await, Counts { messages: 0, kv: 0, timers: 0 });
 }
 
 /// Plain pushes and transactions into the same partitions through one

@@ -296,7 +296,10 @@ async fn prepare(t: &TestDb, args: &Args) -> i64 {
             .await
             .expect("read the partitions");
         assert_eq!(rows.len(), args.partitions);
-        assert!(rows.iter().all(|r| r.get::<_, i64>(0) + 1 == per_partition as i64), "every partition holds the prefill");
+        assert!(
+            rows.iter().all(|r| r.get::<_, i64>("last_offset") + 1 == per_partition as i64),
+            "every partition holds the prefill"
+        );
     }
     if args.configs.contains(&Config::Off) {
         let mut options = serde_json::Map::new();
@@ -305,11 +308,11 @@ async fn prepare(t: &TestDb, args: &Args) -> i64 {
     }
     // Every table of the schema, whichever layout the gateway under test made.
     let tables = c
-        .query("SELECT format('%I.%I', schemaname, tablename) FROM pg_tables WHERE schemaname = 'stile'", &[])
+        .query("SELECT format('%I.%I', schemaname, tablename) AS name FROM pg_tables WHERE schemaname = 'stile'", &[])
         .await
         .expect("list the tables");
     for table in tables {
-        c.batch_execute(&format!("VACUUM ANALYZE {}", table.get::<_, String>(0))).await.expect("vacuum");
+        c.batch_execute(&format!("VACUUM ANALYZE {}", table.get::<_, String>("name"))).await.expect("vacuum");
     }
     per_partition as i64
 }
@@ -492,19 +495,38 @@ struct Figures {
 
 /// The server's WAL position in bytes, its WAL records and the index entries
 /// written to stile's tables, so far.
-async fn pg_counters(pg: &tokio_postgres::Client) -> [f64; 3] {
+struct PgCounters {
+    wal_bytes: f64,
+    wal_records: f64,
+    index_entries: f64,
+}
+
+impl PgCounters {
+    /// What each of `items` messages added to the counters since `before`.
+    fn per_message_since(&self, before: &Self, items: u64) -> Self {
+        let items = items.max(1) as f64;
+        Self {
+            wal_bytes: (self.wal_bytes - before.wal_bytes) / items,
+            wal_records: (self.wal_records - before.wal_records) / items,
+            index_entries: (self.index_entries - before.index_entries) / items,
+        }
+    }
+}
+
+/// Reads the server's counters now.
+async fn pg_counters(pg: &tokio_postgres::Client) -> PgCounters {
     let row = pg
         .query_one(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8, \
-                    (SELECT wal_records::float8 FROM pg_stat_wal), \
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8 AS wal_bytes, \
+                    (SELECT wal_records::float8 FROM pg_stat_wal) AS wal_records, \
                     (SELECT coalesce(sum((t.n_tup_ins + t.n_tup_upd - t.n_tup_hot_upd) \
                                          * (SELECT count(*) FROM pg_index i WHERE i.indrelid = t.relid)), 0)::float8 \
-                       FROM pg_stat_user_tables t WHERE t.schemaname = 'stile')",
+                       FROM pg_stat_user_tables t WHERE t.schemaname = 'stile') AS index_entries",
             &[],
         )
         .await
         .expect("read the WAL and index counters");
-    [row.get(0), row.get(1), row.get(2)]
+    PgCounters { wal_bytes: row.get("wal_bytes"), wal_records: row.get("wal_records"), index_entries: row.get("index_entries") }
 }
 
 /// CPU seconds used so far by the gateway, PostgreSQL, this process and the
@@ -590,7 +612,7 @@ async fn measure(gw: &Gateway, pg: &tokio_postgres::Client, args: &Args, slice: 
     let cpu_after = cpu_now(gw.pid(), &postgres, &backends);
     let switches = context_switches() - switches_before;
     let counters_after = pg_counters(pg).await;
-    let counters: [f64; 3] = std::array::from_fn(|i| (counters_after[i] - counters_before[i]) / tally.items.max(1) as f64);
+    let counters = counters_after.per_message_since(&counters_before, tally.items);
     let after = series(&mut observer).await;
     let delta: [f64; 8] = std::array::from_fn(|i| after[i] - before[i]);
     tally.latencies_us.sort_unstable();
@@ -612,9 +634,9 @@ async fn measure(gw: &Gateway, pg: &tokio_postgres::Client, args: &Args, slice: 
         segments_per_bundle: delta[..4].iter().sum::<f64>() / delta[7].max(1.0),
         cpu_ms_per_k: std::array::from_fn(|i| 1e6 * (cpu_after[i] - cpu_before[i]) / tally.items.max(1) as f64),
         switches_per_message: switches as f64 / tally.items.max(1) as f64,
-        wal_bytes_per_message: counters[0],
-        wal_records_per_message: counters[1],
-        index_entries_per_message: counters[2],
+        wal_bytes_per_message: counters.wal_bytes,
+        wal_records_per_message: counters.wal_records,
+        index_entries_per_message: counters.index_entries,
     }
 }
 

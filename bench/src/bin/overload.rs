@@ -94,12 +94,12 @@ async fn run(args: Args) {
         drop(gw);
         let row = pg
             .query_one(
-                "SELECT count(*), count(DISTINCT (partition, transaction_id)) FROM stile.messages WHERE queue = $1",
+                "SELECT count(*) AS stored, count(DISTINCT (partition, transaction_id)) AS stored_distinct FROM stile.messages WHERE queue = $1",
                 &[&queue],
             )
             .await
             .expect("read the phase's messages back");
-        let phase = Phase { stored: row.get(0), stored_distinct: row.get(1), ..phase };
+        let phase = Phase { stored: row.get("stored"), stored_distinct: row.get("stored_distinct"), ..phase };
         eprintln!("  {phase:?}");
         phases.push(phase);
     }

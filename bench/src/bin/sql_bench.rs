@@ -279,7 +279,7 @@ async fn run_plain(clients: &[Arc<tokio_postgres::Client>], level: &Level, size:
         "WITH ins AS (INSERT INTO {} (partition_id, transaction_id, message_id, payload) \
              SELECT $1, u.t, u.m, u.p FROM unnest($2::text[], $3::uuid[], $4::json[]) AS u(t, m, p) \
              ON CONFLICT DO NOTHING RETURNING 1) \
-         SELECT count(*) FROM ins",
+         SELECT count(*) AS inserted FROM ins",
         level.plain_table
     );
     let start = Instant::now();
@@ -303,7 +303,7 @@ async fn run_plain(clients: &[Arc<tokio_postgres::Client>], level: &Level, size:
                     ids[i] = fast_id();
                 }
                 let row = client.query_one(&stmt, &[&pid, &txns, &ids, &payloads]).await.unwrap();
-                let inserted: i64 = row.get(0);
+                let inserted: i64 = row.get("inserted");
                 assert_eq!(inserted as usize, size, "all new");
                 messages += size as u64;
             }

@@ -73,7 +73,8 @@ async fn run(args: Args) {
     let t = fresh_database().await;
     let pg = t.client().await;
     let version = server_version(&pg).await;
-    let sync: String = pg.query_one("SHOW synchronous_commit", &[]).await.expect("read synchronous_commit").get(0);
+    let sync: String =
+        pg.query_one("SHOW synchronous_commit", &[]).await.expect("read synchronous_commit").get("synchronous_commit");
     let gw = Gateway::start(&t.url()).await;
     let mut figures: Vec<(Kind, Figure)> = Vec::new();
     let mut timer_rates = Vec::new();
@@ -204,7 +205,7 @@ async fn timers(gw: &Gateway, t: &stile_tests::pg::TestDb, args: &Args, round: u
         assert_eq!(reply.status, 200, "{}", reply.text());
     }
     loop {
-        let left: i64 = pg.query_one("SELECT count(*) FROM stile.timers", &[]).await.expect("count timers").get(0);
+        let left: i64 = pg.query_one("SELECT count(*) AS left FROM stile.timers", &[]).await.expect("count timers").get("left");
         if left == 0 {
             break;
         }
@@ -212,12 +213,12 @@ async fn timers(gw: &Gateway, t: &stile_tests::pg::TestDb, args: &Args, round: u
     }
     let fired: i64 = pg
         .query_one(
-            "SELECT count(*) FROM stile.messages WHERE queue = 'steps-timers' AND transaction_id LIKE $1",
+            "SELECT count(*) AS fired FROM stile.messages WHERE queue = 'steps-timers' AND transaction_id LIKE $1",
             &[&format!("r{round}-t%")],
         )
         .await
         .expect("count fired")
-        .get(0);
+        .get("fired");
     assert_eq!(fired as usize, args.timers, "every timer fired once");
     args.timers as f64 / started.elapsed().as_secs_f64()
 }

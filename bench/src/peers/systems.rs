@@ -219,7 +219,7 @@ impl Running {
         let mut ids: HashMap<String, u32> = HashMap::new();
         while let Some(row) = rows.next().await {
             let row = row.expect("a stored message");
-            *ids.entry(row.get::<_, String>(0)).or_default() += 1;
+            *ids.entry(row.get::<_, String>("transaction_id")).or_default() += 1;
         }
         ids
     }

@@ -7,7 +7,9 @@
 //! call.
 
 mod error;
+pub mod kv;
 mod migrate;
+pub mod timers;
 mod url;
 
 use std::time::Duration;
@@ -15,6 +17,7 @@ use std::time::Duration;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde_json::Value;
 use serde_json::value::RawValue;
+use stile_guest::OwnedRow;
 use tokio_postgres::types::Json;
 use uuid::Uuid;
 
@@ -252,19 +255,6 @@ pub struct StoredMessage {
     pub created_ms: i64,
 }
 
-/// One log row's hashes, as hydration returns them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HydrationRow {
-    /// Offset of its first hash.
-    pub base_offset: i64,
-    /// Offset of its last hash (inclusive).
-    pub end_offset: i64,
-    /// Its `created_at` in ms since the epoch, rounded up.
-    pub created_ms: i64,
-    /// 16 bytes per offset, in offset order.
-    pub hashes: Vec<u8>,
-}
-
 /// A partition's recent log rows' hashes and its watermarks, read in one
 /// snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -275,7 +265,7 @@ pub struct HydrationRows {
     /// The purge watermark at the snapshot.
     pub txns_start: i64,
     /// The rows, by ascending `base_offset`.
-    pub rows: Vec<HydrationRow>,
+    pub rows: Vec<OwnedRow>,
     /// PostgreSQL's clock that the window's cutoff was taken from, in ms
     /// since the epoch, rounded down: a reading to bound that clock by.
     pub clock_ms: i64,
@@ -532,7 +522,7 @@ impl Db {
             let Some(base_offset) = row.try_get::<_, Option<i64>>("base_offset")? else {
                 continue;
             };
-            out.rows.push(HydrationRow {
+            out.rows.push(OwnedRow {
                 base_offset,
                 end_offset: row.try_get("end_offset")?,
                 created_ms: row.try_get("created_ms")?,

@@ -435,7 +435,7 @@ async fn lock_row(url: &str, queue: &str) -> anyhow::Result<(tokio_postgres::Cli
         )
         .await?
         .ok_or_else(|| anyhow!("no partition of the queue {queue} was written in the last two seconds"))?;
-    let (id, name): (i64, String) = (row.get(0), row.get(1));
+    let (id, name): (i64, String) = (row.get("id"), row.get("name"));
     client.batch_execute("BEGIN").await?;
     client.query_one("SELECT 1 FROM stile.partitions WHERE id = $1 FOR UPDATE", &[&id]).await.context("lock the row")?;
     Ok((client, name))
@@ -550,20 +550,20 @@ async fn hold(config: tokio_postgres::Config, mut tally: HogTally, mut stop: one
 async fn terminate_gateways(client: &tokio_postgres::Client) -> anyhow::Result<u64> {
     let row = client
         .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            "SELECT count(pg_terminate_backend(pid)) AS terminated FROM pg_stat_activity WHERE application_name = $1",
             &[&GATEWAY_APPLICATION],
         )
         .await
         .context("terminate the gateways' backends")?;
-    Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+    Ok(u64::try_from(row.get::<_, i64>("terminated")).unwrap_or(0))
 }
 
 async fn gateway_backends(client: &tokio_postgres::Client) -> anyhow::Result<i64> {
     let row = client
-        .query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", &[&GATEWAY_APPLICATION])
+        .query_one("SELECT count(*) AS backends FROM pg_stat_activity WHERE application_name = $1", &[&GATEWAY_APPLICATION])
         .await
         .context("count the gateways' backends")?;
-    Ok(row.get(0))
+    Ok(row.get("backends"))
 }
 
 /// Opens connections until the server refuses one.

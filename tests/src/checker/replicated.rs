@@ -119,7 +119,7 @@ impl ReplicatedPair {
     /// Whether the current primary is still in recovery (a standby).
     pub(super) async fn current_primary_in_recovery(&self) -> anyhow::Result<bool> {
         let client = crate::pg::connect(&self.current_primary().config(DATABASE)).await?;
-        Ok(client.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0))
+        Ok(client.query_one("SELECT pg_is_in_recovery() AS in_recovery", &[]).await?.get("in_recovery"))
     }
 
     /// The standby's `sync_state` as the primary sees it (`sync` when commits
@@ -129,7 +129,7 @@ impl ReplicatedPair {
         let rows =
             client.query("SELECT sync_state FROM pg_stat_replication WHERE application_name = $1", &[&STANDBY_NAME]).await?;
         match rows.first() {
-            Some(row) => Ok(row.get(0)),
+            Some(row) => Ok(row.get("sync_state")),
             None => bail!("the standby is not streaming"),
         }
     }

@@ -208,9 +208,12 @@ pub(super) async fn wait_for_due_timers(database_url: &str, config: &Config) -> 
     let deadline = Instant::now() + Duration::from_secs(30) + Duration::from_millis(MAX_DELAY_MS);
     loop {
         let due: i64 = pg
-            .query_one("SELECT count(*) FROM stile.timers WHERE queue = $1 AND deliver_at <= clock_timestamp()", &[&timers_queue])
+            .query_one(
+                "SELECT count(*) AS due FROM stile.timers WHERE queue = $1 AND deliver_at <= clock_timestamp()",
+                &[&timers_queue],
+            )
             .await?
-            .get(0);
+            .get("due");
         if due == 0 || Instant::now() >= deadline {
             break;
         }
@@ -223,24 +226,27 @@ pub(super) async fn wait_for_due_timers(database_url: &str, config: &Config) -> 
 pub(super) async fn check_steps(database_url: &str, config: &Config, steps: &[Step], report: &mut Report) -> anyhow::Result<()> {
     let pg = connect(database_url).await?;
     let timers_queue = timer_queue(config);
-    let count_of =
-        |rows: Vec<tokio_postgres::Row>| -> HashMap<String, i64> { rows.iter().map(|r| (r.get(0), r.get(1))).collect() };
+    let count_of = |rows: Vec<tokio_postgres::Row>| -> HashMap<String, i64> {
+        rows.iter().map(|r| (r.get("key"), r.get("count"))).collect()
+    };
     let pushed = count_of(
         pg.query(
-            "SELECT transaction_id, count(*) FROM stile.messages WHERE queue = $1 GROUP BY transaction_id",
+            "SELECT transaction_id AS key, count(*) AS count FROM stile.messages WHERE queue = $1 GROUP BY transaction_id",
             &[&tx_queue(config)],
         )
         .await?,
     );
     let delivered = count_of(
         pg.query(
-            "SELECT transaction_id, count(*) FROM stile.messages WHERE queue = $1 GROUP BY transaction_id",
+            "SELECT transaction_id AS key, count(*) AS count FROM stile.messages WHERE queue = $1 GROUP BY transaction_id",
             &[&timers_queue],
         )
         .await?,
     );
-    let pending = count_of(pg.query("SELECT timer_key, 1::bigint FROM stile.timers WHERE queue = $1", &[&timers_queue]).await?);
-    let keys = count_of(pg.query("SELECT key, 1::bigint FROM stile.kv WHERE ns = 'checker'", &[]).await?);
+    let pending = count_of(
+        pg.query("SELECT timer_key AS key, 1::bigint AS count FROM stile.timers WHERE queue = $1", &[&timers_queue]).await?,
+    );
+    let keys = count_of(pg.query("SELECT key, 1::bigint AS count FROM stile.kv WHERE ns = 'checker'", &[]).await?);
 
     let mut totals = StepsReport::default();
     let mut violate = |step: &Step, detail: String| {

@@ -52,13 +52,13 @@ pub(super) async fn read_stored(database_url: &str, queue: &str) -> anyhow::Resu
         .await?;
     let mut stored = Stored::default();
     for row in partitions {
-        let id: i64 = row.get(0);
-        let name: String = row.get(1);
-        let last_offset: i64 = row.get(2);
-        let txns_start: i64 = row.get(3);
+        let id: i64 = row.get("id");
+        let name: String = row.get("name");
+        let last_offset: i64 = row.get("last_offset");
+        let txns_start: i64 = row.get("txns_start");
         let segments = client
             .query(
-                "SELECT base_offset, end_offset, (extract(epoch FROM created_at) * 1000000)::bigint, \
+                "SELECT base_offset, end_offset, (extract(epoch FROM created_at) * 1000000)::bigint AS created_us, \
                         message_ids, transaction_ids, payloads \
                    FROM stile.segments WHERE partition_id = $1 ORDER BY base_offset",
                 &[&id],
@@ -66,7 +66,7 @@ pub(super) async fn read_stored(database_url: &str, queue: &str) -> anyhow::Resu
             .await?;
         let txns = client
             .query(
-                "SELECT base_offset, end_offset, (extract(epoch FROM created_at) * 1000000)::bigint, hashes \
+                "SELECT base_offset, end_offset, (extract(epoch FROM created_at) * 1000000)::bigint AS created_us, hashes \
                    FROM stile.txns WHERE partition_id = $1 ORDER BY base_offset",
                 &[&id],
             )
@@ -75,17 +75,19 @@ pub(super) async fn read_stored(database_url: &str, queue: &str) -> anyhow::Resu
         if txns_start != 0 {
             problem(format!("txns_start is {txns_start} though nothing was purged"));
         }
-        let mut txns_by_base: HashMap<i64, (i64, i64, Vec<u8>)> =
-            txns.iter().map(|r| (r.get::<_, i64>(0), (r.get(1), r.get(2), r.get(3)))).collect();
+        let mut txns_by_base: HashMap<i64, (i64, i64, Vec<u8>)> = txns
+            .iter()
+            .map(|r| (r.get::<_, i64>("base_offset"), (r.get("end_offset"), r.get("created_us"), r.get("hashes"))))
+            .collect();
         let mut copies = Vec::new();
         let mut expected_base = 0i64;
         for row in &segments {
-            let base: i64 = row.get(0);
-            let end: i64 = row.get(1);
-            let created_us: i64 = row.get(2);
-            let message_ids: Vec<Uuid> = row.get(3);
-            let transaction_ids: Vec<String> = row.get(4);
-            let payloads: Vec<Value> = row.get(5);
+            let base: i64 = row.get("base_offset");
+            let end: i64 = row.get("end_offset");
+            let created_us: i64 = row.get("created_us");
+            let message_ids: Vec<Uuid> = row.get("message_ids");
+            let transaction_ids: Vec<String> = row.get("transaction_ids");
+            let payloads: Vec<Value> = row.get("payloads");
             if base != expected_base {
                 problem(format!("segments do not tile the offsets: expected a segment at {expected_base}, found {base}"));
             }

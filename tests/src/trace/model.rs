@@ -6,11 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 use stile_guest::testing::Observed;
-use stile_guest::{
-    Admission, Commit, HydrateError, Hydration, Millis, Offset, PartitionId, Plan, Segment, ShardConfig, Stats, TxnsRow,
-};
+use stile_guest::{Admission, HydrateError, Millis, PartitionId, Plan, ShardConfig, Stats};
 
 use super::wire;
+
+/// The owned forms a trace holds its calls' arguments in.
+pub use stile_guest::{OwnedCommit, OwnedHydration, OwnedRow, OwnedSegment};
 
 /// A recorded scenario: the shard's settings and every call in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,113 +105,5 @@ impl Call {
             Call::Forget { .. } => "forget",
             Call::Stats { .. } => "stats",
         }
-    }
-}
-
-/// A `segment` that owns its hashes (16 bytes each, concatenated).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct OwnedSegment {
-    pub partition: PartitionId,
-    pub window_ms: u64,
-    #[serde(with = "wire::hashes")]
-    pub hashes: Vec<u8>,
-}
-
-/// A `commit` that owns its hashes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct OwnedCommit {
-    pub partition: PartitionId,
-    pub base_offset: Offset,
-    pub created_ms: Millis,
-    #[serde(with = "wire::hashes")]
-    pub hashes: Vec<u8>,
-}
-
-/// A `txns-row` that owns its hashes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct OwnedRow {
-    pub base_offset: Offset,
-    pub end_offset: Offset,
-    pub created_ms: Millis,
-    #[serde(with = "wire::hashes")]
-    pub hashes: Vec<u8>,
-}
-
-/// A `hydration` that owns its rows.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct OwnedHydration {
-    pub partition: PartitionId,
-    pub window_ms: u64,
-    pub last_offset: Offset,
-    pub rows: Vec<OwnedRow>,
-}
-
-impl OwnedSegment {
-    /// A copy of a borrowed segment.
-    pub fn of(segment: &Segment<'_>) -> OwnedSegment {
-        OwnedSegment { partition: segment.partition, window_ms: segment.window_ms, hashes: segment.hashes.to_vec() }
-    }
-
-    /// The borrowed form the core and every [`stile_guest::DedupCache`] take.
-    pub fn borrow(&self) -> Segment<'_> {
-        Segment { partition: self.partition, window_ms: self.window_ms, hashes: &self.hashes }
-    }
-}
-
-impl OwnedCommit {
-    /// A copy of a borrowed commit.
-    pub fn of(commit: &Commit<'_>) -> OwnedCommit {
-        OwnedCommit {
-            partition: commit.partition,
-            base_offset: commit.base_offset,
-            created_ms: commit.created_ms,
-            hashes: commit.hashes.to_vec(),
-        }
-    }
-
-    /// The borrowed form the core and every [`stile_guest::DedupCache`] take.
-    pub fn borrow(&self) -> Commit<'_> {
-        Commit { partition: self.partition, base_offset: self.base_offset, created_ms: self.created_ms, hashes: &self.hashes }
-    }
-}
-
-impl OwnedRow {
-    /// A copy of a borrowed row.
-    pub fn of(row: &TxnsRow<'_>) -> OwnedRow {
-        OwnedRow {
-            base_offset: row.base_offset,
-            end_offset: row.end_offset,
-            created_ms: row.created_ms,
-            hashes: row.hashes.to_vec(),
-        }
-    }
-
-    /// The borrowed form a [`Hydration`] holds.
-    pub fn borrow(&self) -> TxnsRow<'_> {
-        TxnsRow { base_offset: self.base_offset, end_offset: self.end_offset, created_ms: self.created_ms, hashes: &self.hashes }
-    }
-}
-
-impl OwnedHydration {
-    /// A copy of a borrowed hydration and its rows.
-    pub fn of(hydration: &Hydration<'_>) -> OwnedHydration {
-        OwnedHydration {
-            partition: hydration.partition,
-            window_ms: hydration.window_ms,
-            last_offset: hydration.last_offset,
-            rows: hydration.rows.iter().map(OwnedRow::of).collect(),
-        }
-    }
-
-    /// Calls `f` with the borrowed form the core and every
-    /// [`stile_guest::DedupCache`] take, whose rows must live somewhere
-    /// while it runs.
-    pub fn with<R>(&self, f: impl FnOnce(&Hydration<'_>) -> R) -> R {
-        let rows: Vec<TxnsRow<'_>> = self.rows.iter().map(OwnedRow::borrow).collect();
-        f(&Hydration { partition: self.partition, window_ms: self.window_ms, last_offset: self.last_offset, rows: &rows })
     }
 }

@@ -109,34 +109,3 @@ pub(super) mod plans {
         Ok(plans.into_iter().map(|Spelled(plan)| plan).collect())
     }
 }
-
-/// A flat list of 16-byte big-endian hashes, as one 32-digit hex string per
-/// hash: a reader can compare hashes by eye, and a host concatenates them
-/// back into the flat `list<u8>` the WIT takes.
-pub(super) mod hashes {
-    use serde::de::Error as _;
-    use serde::ser::Error as _;
-    use serde::{Deserialize, Deserializer, Serializer};
-    use stile_guest::{HASH_LEN, Hash};
-
-    pub fn serialize<S: Serializer>(hashes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
-        let (hashes, rest) = hashes.as_chunks::<HASH_LEN>();
-        if !rest.is_empty() {
-            return Err(S::Error::custom("the trace holds whole hashes only"));
-        }
-        serializer.collect_seq(hashes.iter().map(|hash| format!("{:032x}", Hash::from_be_bytes(*hash))))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-        let hexes = Vec::<String>::deserialize(deserializer)?;
-        let mut bytes = Vec::with_capacity(hexes.len() * HASH_LEN);
-        for hex in &hexes {
-            if hex.len() != 2 * HASH_LEN || !hex.bytes().all(|digit| digit.is_ascii_hexdigit()) {
-                return Err(D::Error::custom(format!("{hex:?} is not a 32-digit hex hash")));
-            }
-            let hash = Hash::from_str_radix(hex, 16).expect("32 hex digits fit a hash");
-            bytes.extend_from_slice(&hash.to_be_bytes());
-        }
-        Ok(bytes)
-    }
-}
