@@ -342,7 +342,7 @@ async fn kv_batch(app: &App, request: Request<Incoming>, held: &mut Held) -> Res
 }
 
 async fn kv_get(app: &App, matched: &Matched) -> Result<Reply, Failure> {
-    let call = kv::path_op(false, matched.param("ns"), matched.param("key"))?;
+    let call = kv::path_op(kv::PathVerb::Get, matched.param("ns"), matched.param("key"))?;
     let applied = kv::apply(app.gateway.db(), std::slice::from_ref(&call), kv_limit(app)).await?;
     count_kv(app, &applied);
     let result = &applied.results[0];
@@ -365,7 +365,7 @@ async fn kv_put(app: &App, matched: &Matched, request: Request<Incoming>, held: 
 }
 
 async fn kv_delete(app: &App, matched: &Matched) -> Result<Reply, Failure> {
-    let call = kv::path_op(true, matched.param("ns"), matched.param("key"))?;
+    let call = kv::path_op(kv::PathVerb::Delete, matched.param("ns"), matched.param("key"))?;
     kv_reply(app, std::slice::from_ref(&call)).await
 }
 

@@ -234,11 +234,21 @@ pub fn parse_put(ns: &str, key: &str, body: &[u8]) -> Result<KvCall, BadRequest>
     wire.into_call(OpsContext { field: "body", in_transaction: false }, "body")
 }
 
+/// What a request on one key's path does with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathVerb {
+    Get,
+    Delete,
+}
+
 /// A `get` or `delete` of one key named by the path.
-pub fn path_op(delete: bool, ns: &str, key: &str) -> Result<KvCall, BadRequest> {
+pub fn path_op(verb: PathVerb, ns: &str, key: &str) -> Result<KvCall, BadRequest> {
     let ns = Namespace::parse(ns.to_owned()).map_err(|what| BadRequest::new(format!("path.ns: {what}")))?;
     let key = Key::named("path.key", key)?;
-    let op = if delete { KvOp::Delete { key, expect: None } } else { KvOp::Get { key } };
+    let op = match verb {
+        PathVerb::Get => KvOp::Get { key },
+        PathVerb::Delete => KvOp::Delete { key, expect: None },
+    };
     Ok(KvCall { ns, required: false, op })
 }
 
