@@ -364,10 +364,12 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
     let ys: Vec<&str> = ys.iter().map(String::as_str).collect();
     // Byte searches up to 16 hashes, a join above.
     let xs = vec!["x3", "x0", "x9", "x1", "x2"];
-    // (names, floor, index entries read): floored a row below the original,
-    // that row is read too, and past four hashes read again for the others.
+    // (names, floor, index entries read): the row holding the floor's next
+    // offset is read first, alone; floored a row below the original, the
+    // span is then read from there, and past four hashes read again for the
+    // others.
     for (names, floor, entries) in
-        [(vec!["a0"], 0, 1), (vec!["c1", "b0"], 1, 1), (xs.clone(), 3, 1), (xs, 1, 3), (vec!["x0"], 1, 2), (ys, 13, 1)]
+        [(vec!["a0"], 0, 1), (vec!["c1", "b0"], 1, 1), (xs.clone(), 3, 1), (xs, 1, 4), (vec!["x0"], 1, 3), (ys, 13, 1)]
     {
         let retry = segment(p.id, &names, floor, 3600);
         // The counter is the backend's own, not yet reported: the difference

@@ -122,7 +122,8 @@ DECLARE
     v_h4 bytea;
     v_first_base bigint;   -- the row tried alone first
     v_first_hashes bytea;
-    v_first_mids bytea;    -- that row's message ids
+    v_first_mids bytea;    -- its message ids (or a slice of them, as of v_slice)
+    v_slice bytea;         -- a slice of its hashes
     v_at integer;          -- a hash's byte position in that row, from 0
     v_run integer;         -- the segment's first hash's place in that row when
                            -- the segment is a run of it, else -1
@@ -161,21 +162,86 @@ BEGIN
     IF v_count >= 4 THEN v_h4 := substring(p_hashes FROM 49 FOR 16); END IF;
 
     IF p_narrowed THEN
-        -- (No fence around the scan: the limit must stop it at the first
-        -- row, in the index's order.)
-        SELECT r.base_offset, r.hashes || '\x'::bytea, r.message_ids
+        -- A retry, floored by the cache at most one arrival step (16
+        -- offsets) below its original: the span's first row, the one that
+        -- holds offset p_from + 1, is read first, and of its hashes only
+        -- those from that offset on that the segment could cover (rows hold
+        -- up to thousands of hashes, out of line: a slice reads one or two
+        -- of their chunks). The segment found there whole is the answer: a
+        -- row's hashes are distinct, so each hash occurs there once, and no
+        -- row of the span lies below it.
+        SELECT f.base_offset,
+               substring(f.hashes FROM 16 * (p_from + 1 - f.base_offset)::integer + 1 FOR 16 * (v_count + 15)),
+               substring(f.message_ids FROM 16 * (p_from + 1 - f.base_offset)::integer + 1 FOR 16 * (v_count + 15))
+          INTO v_first_base, v_slice, v_first_mids
+          FROM (SELECT r.base_offset, r.end_offset, r.created_at, r.hashes, r.message_ids
+                  FROM stile.log r
+                 WHERE r.partition_id = p_pid
+                   AND r.end_offset > p_from
+                 ORDER BY r.end_offset
+                 LIMIT 1) AS f
+         WHERE f.base_offset <= p_from + 1
+           AND f.end_offset <= p_last
+           AND f.created_at >= v_since;
+        v_at := position(p_hashes IN v_slice) - 1;
+        IF v_at >= 0 AND v_at % 16 = 0 THEN
+            v_run := v_at / 16;
+            SELECT ARRAY(SELECT generate_series(0, v_count - 1)),
+                   ARRAY(SELECT generate_series(p_from + 1 + v_run, p_from + v_run + v_count)),
+                   ARRAY(SELECT stile.message_id_at(v_first_mids, v_run + j) FROM generate_series(0, v_count - 1) AS j)
+              INTO dup_idx, dup_off, dup_ids;
+            RETURN;
+        ELSIF v_slice IS NOT NULL AND v_count <= 64 THEN
+            -- Hashes in another order: each by a byte search of the slice,
+            -- which is at most 79 hashes long. (Expressions, no statement:
+            -- each statement costs more.)
+            dup_idx := '{}';
+            dup_off := '{}';
+            dup_ids := '{}';
+            FOR j IN 0 .. v_count - 1 LOOP
+                v_at := position(substring(p_hashes FROM 16 * j + 1 FOR 16) IN v_slice) - 1;
+                EXIT WHEN v_at < 0 OR v_at % 16 <> 0;
+                dup_idx := dup_idx || j;
+                dup_off := dup_off || (p_from + 1 + v_at / 16);
+                dup_ids := dup_ids || stile.message_id_at(v_first_mids, v_at / 16);
+            END LOOP;
+            IF cardinality(dup_idx) = v_count THEN
+                RETURN;
+            END IF;
+            dup_idx := NULL;
+            dup_off := NULL;
+            dup_ids := NULL;
+        END IF;
+
+        -- Otherwise: the span's first row whose bytes hold any of the
+        -- segment's first 4 hashes, each row's hashes detoasted once, below
+        -- the filter (each use of a toasted column fetches it anew). The
+        -- fence keeps the index's order, so the limit still stops at the
+        -- first row.
+        SELECT t.base_offset, t.hashes, t.message_ids
           INTO v_first_base, v_first_hashes, v_first_mids
-          FROM stile.log r
-         WHERE r.partition_id = p_pid
-           AND r.end_offset > p_from
-           AND r.end_offset <= p_last
-           AND r.created_at >= v_since
-           AND (position(v_h1 IN r.hashes) > 0
-                OR position(v_h2 IN r.hashes) > 0
-                OR position(v_h3 IN r.hashes) > 0
-                OR position(v_h4 IN r.hashes) > 0)
-         ORDER BY r.end_offset
+          FROM (SELECT r.base_offset, r.end_offset, r.hashes || '\x'::bytea AS hashes, r.message_ids
+                  FROM stile.log r
+                 WHERE r.partition_id = p_pid
+                   AND r.end_offset > p_from
+                   AND r.end_offset <= p_last
+                   AND r.created_at >= v_since
+                 ORDER BY r.end_offset
+                OFFSET 0) AS t
+         WHERE position(v_h1 IN t.hashes) > 0
+            OR position(v_h2 IN t.hashes) > 0
+            OR position(v_h3 IN t.hashes) > 0
+            OR position(v_h4 IN t.hashes) > 0
          LIMIT 1;
+        IF NOT FOUND AND v_count <= 4 THEN
+            -- No row of the span holds any of the segment's hashes: the read
+            -- of the whole span below would find none either.
+            RETURN;
+        END IF;
+        IF FOUND AND position(substring(p_hashes FROM 16 * v_count - 15) IN v_first_hashes) = 0 THEN
+            -- Without the segment's last hash the row cannot hold them all.
+            v_first_base := NULL;
+        END IF;
         -- Rows below it exist only when it starts above the span's first
         -- offset. Only their hashes above p_from can be the other hashes'
         -- earlier occurrences (the cache vouches for the rest), and a cache's
@@ -183,7 +249,7 @@ BEGIN
         -- hashes are looked for in the segment, rather than the segment's
         -- hashes each in the rows' whole bytes (a byte search costs its
         -- haystack's length).
-        IF FOUND AND v_count > 64 AND v_first_base > p_from + 1 THEN
+        IF v_first_base IS NOT NULL AND v_count > 64 AND v_first_base > p_from + 1 THEN
             -- A large segment: a byte search per row hash would cost the
             -- segment's length each time, so the rows' hashes above p_from
             -- are joined with the segment's on equality instead, by hash,
@@ -203,7 +269,7 @@ BEGIN
             IF v_below > 0 THEN
                 v_first_base := NULL;
             END IF;
-        ELSIF FOUND AND v_count > 4 AND v_first_base > p_from + 1 THEN
+        ELSIF v_first_base IS NOT NULL AND v_count > 4 AND v_first_base > p_from + 1 THEN
             -- (Any byte match counts here, aligned or not: it can only send
             -- the segment to the full span.)
             PERFORM 1
