@@ -174,7 +174,8 @@ fn without_position(error: &serde_json::Error) -> String {
     }
 }
 
-/// A raw value's JSON type, for error messages, from its first byte.
+/// A raw value's JSON type, for error messages, from its first byte (a raw
+/// value starts at its first character, never at whitespace).
 pub(crate) fn raw_type_name(raw: &RawValue) -> &'static str {
     match raw.get().as_bytes().first() {
         Some(b'{') => OBJECT,

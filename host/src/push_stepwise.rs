@@ -16,7 +16,9 @@ use bytestring::ByteString;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use crate::api::{ARRAY, BadRequest, DEFAULT_PARTITION, NULL, OBJECT, STRING, checked_name, parse_json, validate_transaction_id};
+use crate::api::{
+    ARRAY, BadRequest, DEFAULT_PARTITION, NULL, OBJECT, STRING, checked_name, parse_json, raw_type_name, validate_transaction_id,
+};
 use crate::payload::Payload;
 use crate::push_body::PushItem;
 
@@ -150,17 +152,4 @@ fn raw_name(field: impl Display + Copy, raw: &RawValue) -> Result<String, BadReq
 fn decode_string(field: impl Display, raw: &RawValue) -> Result<String, BadRequest> {
     debug_assert_eq!(raw_type_name(raw), STRING);
     serde_json::from_str(raw.get()).map_err(|error| BadRequest::new(format!("{field}: malformed JSON string ({error})")))
-}
-
-/// A raw value's JSON type, for error messages, from its first byte (a raw
-/// value starts at its first character, never at whitespace).
-fn raw_type_name(raw: &RawValue) -> &'static str {
-    match raw.get().as_bytes().first() {
-        Some(b'{') => OBJECT,
-        Some(b'[') => ARRAY,
-        Some(b'"') => STRING,
-        Some(b't' | b'f') => "a boolean",
-        Some(b'n') => NULL,
-        _ => "a number",
-    }
 }

@@ -59,6 +59,62 @@ BEGIN
 END
 $$;
 
+-- A segment found as one run of a log row's hashes, the first at offset
+-- p_offset: each hash's index, offset and message id, the ids from p_mids (the
+-- row's message ids, or a slice of them) from index p_at on.
+CREATE OR REPLACE FUNCTION stile.run_found(
+    p_count integer,
+    p_offset bigint,
+    p_mids bytea,
+    p_at integer,
+    OUT dup_idx integer[],
+    OUT dup_off bigint[],
+    OUT dup_ids uuid[]
+)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT ARRAY(SELECT generate_series(0, p_count - 1)),
+           ARRAY(SELECT generate_series(p_offset, p_offset + p_count - 1)),
+           ARRAY(SELECT stile.message_id_at(p_mids, p_at + j) FROM generate_series(0, p_count - 1) AS j)
+$$;
+
+-- A segment found hash by hash in a log row's hashes (p_haystack, the row's
+-- or a slice of it whose first hash is at offset p_base; p_mids the same
+-- span of its message ids), each by a byte search: every hash's index,
+-- offset and message id, or NULLs when one is missing or matches only across
+-- a hash boundary. A row's hashes are distinct: each occurs there once.
+CREATE OR REPLACE FUNCTION stile.found_each(
+    p_hashes bytea,
+    p_haystack bytea,
+    p_base bigint,
+    p_mids bytea,
+    OUT dup_idx integer[],
+    OUT dup_off bigint[],
+    OUT dup_ids uuid[]
+)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+DECLARE
+    v_at integer;  -- a hash's byte position in p_haystack, from 0
+BEGIN
+    dup_idx := '{}';
+    dup_off := '{}';
+    dup_ids := '{}';
+    FOR j IN 0 .. length(p_hashes) / 16 - 1 LOOP
+        v_at := position(substring(p_hashes FROM 16 * j + 1 FOR 16) IN p_haystack) - 1;
+        IF v_at < 0 OR v_at % 16 <> 0 THEN
+            dup_idx := NULL;
+            dup_off := NULL;
+            dup_ids := NULL;
+            RETURN;
+        END IF;
+        dup_idx := dup_idx || j;
+        dup_off := dup_off || (p_base + v_at / 16);
+        dup_ids := dup_ids || stile.message_id_at(p_mids, v_at / 16);
+    END LOOP;
+END
+$$;
+
 -- The offset above which a segment is probed: above what the cache vouched
 -- for, unless the vouch is void, and never below the purge watermark. The
 -- cache planned under a window, judged age by a time, and vouched for
@@ -185,32 +241,17 @@ BEGIN
            AND f.created_at >= v_since;
         v_at := position(p_hashes IN v_slice) - 1;
         IF v_at >= 0 AND v_at % 16 = 0 THEN
-            v_run := v_at / 16;
-            SELECT ARRAY(SELECT generate_series(0, v_count - 1)),
-                   ARRAY(SELECT generate_series(p_from + 1 + v_run, p_from + v_run + v_count)),
-                   ARRAY(SELECT stile.message_id_at(v_first_mids, v_run + j) FROM generate_series(0, v_count - 1) AS j)
-              INTO dup_idx, dup_off, dup_ids;
+            SELECT * INTO dup_idx, dup_off, dup_ids
+              FROM stile.run_found(v_count, p_from + 1 + v_at / 16, v_first_mids, v_at / 16);
             RETURN;
         ELSIF v_slice IS NOT NULL AND v_count <= 64 THEN
-            -- Hashes in another order: each by a byte search of the slice,
-            -- which is at most 79 hashes long. (Expressions, no statement:
-            -- each statement costs more.)
-            dup_idx := '{}';
-            dup_off := '{}';
-            dup_ids := '{}';
-            FOR j IN 0 .. v_count - 1 LOOP
-                v_at := position(substring(p_hashes FROM 16 * j + 1 FOR 16) IN v_slice) - 1;
-                EXIT WHEN v_at < 0 OR v_at % 16 <> 0;
-                dup_idx := dup_idx || j;
-                dup_off := dup_off || (p_from + 1 + v_at / 16);
-                dup_ids := dup_ids || stile.message_id_at(v_first_mids, v_at / 16);
-            END LOOP;
-            IF cardinality(dup_idx) = v_count THEN
+            -- Hashes in another order, each searched for in the slice (at
+            -- most 79 hashes long).
+            SELECT * INTO dup_idx, dup_off, dup_ids
+              FROM stile.found_each(p_hashes, v_slice, p_from + 1, v_first_mids);
+            IF dup_idx IS NOT NULL THEN
                 RETURN;
             END IF;
-            dup_idx := NULL;
-            dup_off := NULL;
-            dup_ids := NULL;
         END IF;
 
         -- Otherwise: the span's first row whose bytes hold any of the
@@ -295,36 +336,14 @@ BEGIN
             -- in the run.
             v_at := position(p_hashes IN v_first_hashes) - 1;
             v_run := CASE WHEN v_at >= 0 AND v_at % 16 = 0 THEN v_at / 16 ELSE -1 END;
-            IF v_run >= 0 AND v_count <= 16 THEN
-                -- (Expressions, no statement: each statement costs more.)
-                dup_idx := '{}';
-                dup_off := '{}';
-                dup_ids := '{}';
-                FOR j IN 0 .. v_count - 1 LOOP
-                    dup_idx := dup_idx || j;
-                    dup_off := dup_off || (v_first_base + v_run + j);
-                    dup_ids := dup_ids || stile.message_id_at(v_first_mids, v_run + j);
-                END LOOP;
-            ELSIF v_run >= 0 THEN
-                SELECT ARRAY(SELECT generate_series(0, v_count - 1)),
-                       ARRAY(SELECT generate_series(v_first_base + v_run, v_first_base + v_run + v_count - 1)),
-                       ARRAY(SELECT stile.message_id_at(v_first_mids, j)
-                               FROM generate_series(v_run, v_run + v_count - 1) AS j)
-                  INTO dup_idx, dup_off, dup_ids;
+            IF v_run >= 0 THEN
+                SELECT * INTO dup_idx, dup_off, dup_ids
+                  FROM stile.run_found(v_count, v_first_base + v_run, v_first_mids, v_run);
             ELSIF v_count <= 16 THEN
-                -- Each hash's first occurrence in the row by a byte search; a
-                -- miss or an unaligned match leaves the segment to the full
+                -- A miss or an unaligned match leaves the segment to the full
                 -- span.
-                dup_idx := '{}';
-                dup_off := '{}';
-                dup_ids := '{}';
-                FOR j IN 0 .. v_count - 1 LOOP
-                    v_at := position(substring(p_hashes FROM 16 * j + 1 FOR 16) IN v_first_hashes) - 1;
-                    EXIT WHEN v_at < 0 OR v_at % 16 <> 0;
-                    dup_idx := dup_idx || j;
-                    dup_off := dup_off || (v_first_base + v_at / 16);
-                    dup_ids := dup_ids || stile.message_id_at(v_first_mids, v_at / 16);
-                END LOOP;
+                SELECT * INTO dup_idx, dup_off, dup_ids
+                  FROM stile.found_each(p_hashes, v_first_hashes, v_first_base, v_first_mids);
             ELSE
                 SELECT array_agg(ih.idx ORDER BY ih.idx),
                        array_agg(v_first_base + th.idx ORDER BY ih.idx),
