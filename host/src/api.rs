@@ -164,6 +164,19 @@ pub(crate) fn object<'a, T: Deserialize<'a>>(at: impl Display, raw: &'a RawValue
     })
 }
 
+/// The body of a KV or timers call: `{"operations": [...]}`.
+#[derive(Deserialize)]
+pub(crate) struct OperationsBody<'a> {
+    #[serde(borrow, default)]
+    pub operations: Option<&'a RawValue>,
+}
+
+/// Reads a field that is present at all, `null` included, as `Some`: with
+/// `#[serde(default)]`, an absent field stays `None`.
+pub(crate) fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
+}
+
 /// serde_json's message without the " at line L column C" it appends: the
 /// field's path says where.
 fn without_position(error: &serde_json::Error) -> String {

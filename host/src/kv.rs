@@ -208,7 +208,7 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<KvCall>, BadRequest> {
     let ops = match api::raw_type_name(root) {
         api::ARRAY => parse_ops(context, root)?,
         api::OBJECT => {
-            let batch: Batch<'_> = api::object("body", root)?;
+            let batch: api::OperationsBody<'_> = api::object("body", root)?;
             parse_ops(context, batch.operations.ok_or_else(|| BadRequest::new("operations: missing"))?)?
         }
         other => return Err(BadRequest::new(format!("body: expected an object or an array, got {other}"))),
@@ -257,13 +257,6 @@ fn parse_op(context: OpsContext, at: &str, op: &RawValue) -> Result<KvCall, BadR
     wire.into_call(context, at)
 }
 
-/// `{"operations": [...]}`.
-#[derive(Deserialize)]
-struct Batch<'a> {
-    #[serde(borrow, default)]
-    operations: Option<&'a RawValue>,
-}
-
 /// An operation as sent: every field it may carry, each read into its type
 /// (and checked) as it is read. [`WireOp::into_call`] checks which ones its
 /// operation needs and takes.
@@ -279,11 +272,11 @@ struct WireOp {
     limit: Option<i64>,
     keys_only: Option<bool>,
     /// `Some(Null)` for `"value": null`, a value like any other.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "api::present")]
     value: Option<Value>,
     ttl_seconds: Option<TtlSeconds>,
     /// Present at all (`null` too), for the operations that take none.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "api::present")]
     forever: Option<Value>,
     expect: Option<Version>,
     required: Option<bool>,
@@ -293,99 +286,112 @@ struct WireOp {
 }
 
 impl WireOp {
+    /// The operation the fields make, each field moved into it.
     fn into_call(self, context: OpsContext, at: &str) -> Result<KvCall, BadRequest> {
         let bad = |field: &str, what: &str| BadRequest::new(format!("{at}.{field}: {what}"));
         let name = self.op.ok_or_else(|| bad("op", "missing"))?;
         if name == OpName::GetPrefix && context.in_transaction {
             return Err(bad("op", "getPrefix is not allowed inside a transaction (its cost is not bounded by the caller)"));
         }
-        let ns = self.ns.clone().ok_or_else(|| bad("ns", "missing"))?;
-        let required = self.required.unwrap_or(false);
+        let WireOp {
+            op: _,
+            ns,
+            key,
+            keys,
+            prefix,
+            after,
+            limit,
+            keys_only,
+            value,
+            ttl_seconds,
+            forever,
+            expect,
+            required,
+            delta,
+            min,
+            max,
+        } = self;
+        let ns = ns.ok_or_else(|| bad("ns", "missing"))?;
+        let required = required.unwrap_or(false);
         if !name.stores() {
-            if self.ttl_seconds.is_some() {
+            if ttl_seconds.is_some() {
                 return Err(bad("ttlSeconds", &format!("not taken by {name} (it stores nothing)")));
             }
-            if self.forever.is_some() {
+            if forever.is_some() {
                 return Err(bad("forever", &format!("not taken by {name} (it stores nothing)")));
             }
         }
-        if !matches!(name, OpName::Put | OpName::Delete | OpName::Incr | OpName::Check) && self.expect.is_some() {
+        if !matches!(name, OpName::Put | OpName::Delete | OpName::Incr | OpName::Check) && expect.is_some() {
             return Err(bad("expect", &format!("not taken by {name}")));
         }
-        let key = || self.key.clone().ok_or_else(|| bad("key", "missing"));
+        let key = || key.ok_or_else(|| bad("key", "missing"));
+        let expiry = || expiry_of(at, ttl_seconds, forever.as_ref());
         let op = match name {
             OpName::Get => KvOp::Get { key: key()? },
-            OpName::GetMany => KvOp::GetMany { keys: self.keys_of(at)? },
+            OpName::GetMany => KvOp::GetMany { keys: keys_of(at, keys)? },
             OpName::GetPrefix => KvOp::GetPrefix {
-                prefix: self.prefix.clone().ok_or_else(|| bad("prefix", "missing"))?,
-                after: self.after.clone(),
-                limit: match self.limit {
+                prefix: prefix.ok_or_else(|| bad("prefix", "missing"))?,
+                after,
+                limit: match limit {
                     None => DEFAULT_PAGE,
                     Some(n) if (1..=i64::from(MAX_PAGE)).contains(&n) => n as u32,
                     Some(_) => return Err(bad("limit", &format!("must be between 1 and {MAX_PAGE}"))),
                 },
-                keys_only: self.keys_only.unwrap_or(false),
+                keys_only: keys_only.unwrap_or(false),
             },
             OpName::Check => KvOp::Check {
                 key: key()?,
-                expect: self.expect.ok_or_else(|| bad("expect", "missing (check needs the version the key must be at, or 0)"))?,
+                expect: expect.ok_or_else(|| bad("expect", "missing (check needs the version the key must be at, or 0)"))?,
             },
-            OpName::Put => KvOp::Put { key: key()?, value: self.value_of(at)?, expiry: self.expiry_of(at)?, expect: self.expect },
-            OpName::PutIfAbsent => KvOp::PutIfAbsent { key: key()?, value: self.value_of(at)?, expiry: self.expiry_of(at)? },
-            OpName::Delete => KvOp::Delete { key: key()?, expect: self.expect },
+            OpName::Put => KvOp::Put { key: key()?, value: value_of(at, value)?, expiry: expiry()?, expect },
+            OpName::PutIfAbsent => KvOp::PutIfAbsent { key: key()?, value: value_of(at, value)?, expiry: expiry()? },
+            OpName::Delete => KvOp::Delete { key: key()?, expect },
             OpName::Incr => {
-                let bounds = Bounds { min: self.min, max: self.max };
+                let bounds = Bounds { min, max };
                 if let Bounds { min: Some(min), max: Some(max) } = bounds
                     && min > max
                 {
                     return Err(bad("min", "must not exceed max"));
                 }
-                KvOp::Incr {
-                    key: key()?,
-                    delta: self.delta.unwrap_or(1),
-                    bounds,
-                    expiry: self.expiry_of(at)?,
-                    expect: self.expect,
-                }
+                KvOp::Incr { key: key()?, delta: delta.unwrap_or(1), bounds, expiry: expiry()?, expect }
             }
         };
         Ok(KvCall { ns, required, op })
     }
+}
 
-    fn keys_of(&self, at: &str) -> Result<Vec<Key>, BadRequest> {
-        match &self.keys {
-            None => Err(BadRequest::new(format!("{at}.keys: missing"))),
-            Some(keys) if keys.is_empty() => Err(BadRequest::new(format!("{at}.keys: must not be empty"))),
-            Some(keys) if keys.len() > MAX_OPS => {
-                Err(BadRequest::new(format!("{at}.keys: {} keys exceed the limit of {MAX_OPS}", keys.len())))
-            }
-            Some(keys) => Ok(keys.clone()),
+fn keys_of(at: &str, keys: Option<Vec<Key>>) -> Result<Vec<Key>, BadRequest> {
+    match keys {
+        None => Err(BadRequest::new(format!("{at}.keys: missing"))),
+        Some(keys) if keys.is_empty() => Err(BadRequest::new(format!("{at}.keys: must not be empty"))),
+        Some(keys) if keys.len() > MAX_OPS => {
+            Err(BadRequest::new(format!("{at}.keys: {} keys exceed the limit of {MAX_OPS}", keys.len())))
         }
+        Some(keys) => Ok(keys),
     }
+}
 
-    /// The value to store: at most [`MAX_VALUE_BYTES`] as JSON text, and no
-    /// U+0000 (jsonb cannot hold it).
-    fn value_of(&self, at: &str) -> Result<Value, BadRequest> {
-        let value = self.value.clone().ok_or_else(|| BadRequest::new(format!("{at}.value: missing")))?;
-        let bytes = value.to_string().len();
-        if bytes > MAX_VALUE_BYTES {
-            return Err(BadRequest::too_large(format!("{at}.value: {bytes} bytes exceed the limit of {MAX_VALUE_BYTES}")));
-        }
-        api::refuse_nul_in(format_args!("{at}.value"), &value)?;
-        Ok(value)
+/// The value to store: at most [`MAX_VALUE_BYTES`] as JSON text, and no
+/// U+0000 (jsonb cannot hold it).
+fn value_of(at: &str, value: Option<Value>) -> Result<Value, BadRequest> {
+    let value = value.ok_or_else(|| BadRequest::new(format!("{at}.value: missing")))?;
+    let bytes = value.to_string().len();
+    if bytes > MAX_VALUE_BYTES {
+        return Err(BadRequest::too_large(format!("{at}.value: {bytes} bytes exceed the limit of {MAX_VALUE_BYTES}")));
     }
+    api::refuse_nul_in(format_args!("{at}.value"), &value)?;
+    Ok(value)
+}
 
-    /// Exactly one of `ttlSeconds` and `forever: true`.
-    fn expiry_of(&self, at: &str) -> Result<Expiry, BadRequest> {
-        let forever = self.forever.as_ref().filter(|v| !v.is_null());
-        match (self.ttl_seconds, forever) {
-            (Some(_), Some(_)) | (None, None) => {
-                Err(BadRequest::new(format!("{at}: exactly one of ttlSeconds or forever is required (kv_expiry_not_specified)")))
-            }
-            (None, Some(Value::Bool(true))) => Ok(Expiry::Forever),
-            (None, Some(_)) => Err(BadRequest::new(format!("{at}.forever: must be true when given"))),
-            (Some(TtlSeconds(seconds)), None) => Ok(Expiry::Seconds(seconds)),
+/// Exactly one of `ttlSeconds` and `forever: true`.
+fn expiry_of(at: &str, ttl_seconds: Option<TtlSeconds>, forever: Option<&Value>) -> Result<Expiry, BadRequest> {
+    match (ttl_seconds, forever.filter(|v| !v.is_null())) {
+        (Some(_), Some(_)) | (None, None) => {
+            Err(BadRequest::new(format!("{at}: exactly one of ttlSeconds or forever is required (kv_expiry_not_specified)")))
         }
+        (None, Some(Value::Bool(true))) => Ok(Expiry::Forever),
+        (None, Some(_)) => Err(BadRequest::new(format!("{at}.forever: must be true when given"))),
+        (Some(TtlSeconds(seconds)), None) => Ok(Expiry::Seconds(seconds)),
     }
 }
 
@@ -471,11 +477,6 @@ impl<'de> Deserialize<'de> for TtlSeconds {
             _ => Err(de::Error::custom("must be a whole number of seconds from 1 to 100 years (kv_bad_ttl)")),
         }
     }
-}
-
-/// A field that is present, `null` included.
-fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(deserializer).map(Some)
 }
 
 #[cfg(test)]

@@ -110,7 +110,7 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<TimerCall>, BadRequest> {
     if api::raw_type_name(root) != api::OBJECT {
         return Err(BadRequest::new("body: expected an object with an \"operations\" array"));
     }
-    let batch: Batch<'_> = api::object("body", root)?;
+    let batch: api::OperationsBody<'_> = api::object("body", root)?;
     let ops = parse_ops("operations", batch.operations.ok_or_else(|| BadRequest::new("operations: missing"))?)?;
     if ops.is_empty() {
         return Err(BadRequest::new("operations: must not be empty"));
@@ -238,13 +238,6 @@ pub async fn fire_due(gateway: &Gateway) -> Result<usize, DbError> {
     Ok(fired)
 }
 
-/// `{"operations": [...]}`.
-#[derive(Deserialize)]
-struct Batch<'a> {
-    #[serde(borrow, default)]
-    operations: Option<&'a RawValue>,
-}
-
 /// A timer operation as sent, each field read into its type as it is read.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -255,7 +248,7 @@ struct WireTimerOp {
     partition: Option<String>,
     txn: Option<String>,
     payload: Option<String>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "api::present")]
     payload_zstd: Option<Value>,
     delay_ms: Option<DelayMs>,
     /// Fields the server owns: refused by name rather than dropped.
@@ -266,19 +259,19 @@ struct WireTimerOp {
 /// The fields a timer's schedule must not carry: the server sets them.
 #[derive(Default, Deserialize)]
 struct ServerOwned {
-    #[serde(default, deserialize_with = "present", rename = "messageId")]
+    #[serde(default, deserialize_with = "api::present", rename = "messageId")]
     message_id: Option<Value>,
-    #[serde(default, deserialize_with = "present", rename = "message_id")]
+    #[serde(default, deserialize_with = "api::present", rename = "message_id")]
     message_id_snake: Option<Value>,
-    #[serde(default, deserialize_with = "present", rename = "deliverAt")]
+    #[serde(default, deserialize_with = "api::present", rename = "deliverAt")]
     deliver_at: Option<Value>,
-    #[serde(default, deserialize_with = "present", rename = "deliver_at")]
+    #[serde(default, deserialize_with = "api::present", rename = "deliver_at")]
     deliver_at_snake: Option<Value>,
-    #[serde(default, deserialize_with = "present", rename = "delaySeconds")]
+    #[serde(default, deserialize_with = "api::present", rename = "delaySeconds")]
     delay_seconds: Option<Value>,
-    #[serde(default, deserialize_with = "present", rename = "delay_seconds")]
+    #[serde(default, deserialize_with = "api::present", rename = "delay_seconds")]
     delay_seconds_snake: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "api::present")]
     attempts: Option<Value>,
 }
 
@@ -375,11 +368,6 @@ impl<'de> Deserialize<'de> for DelayMs {
         }
         Ok(DelayMs(delay))
     }
-}
-
-/// A field that is present, `null` included.
-fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(deserializer).map(Some)
 }
 
 /// Base64 of a JSON document, decoded to its validated text.

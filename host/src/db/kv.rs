@@ -67,12 +67,11 @@ struct Verdict {
 
 impl KvResult {
     fn read(value: Value) -> Result<KvResult, DbError> {
+        let Verdict { applied, found, version, reason } = Verdict::deserialize(&value)
+            .map_err(|e| DbError::Protocol(format!("stile.kv_apply answered a result of another shape: {e}")))?;
         let Value::Object(wire) = value else {
             return Err(DbError::Protocol("stile.kv_apply answered a result that is not an object".into()));
         };
-        let verdict = Verdict::deserialize(&Value::Object(wire.clone()))
-            .map_err(|e| DbError::Protocol(format!("stile.kv_apply answered a result of another shape: {e}")))?;
-        let Verdict { applied, found, version, reason } = verdict;
         Ok(KvResult { applied, found, version, reason, wire })
     }
 
@@ -89,28 +88,28 @@ struct Answer {
     failed: Option<usize>,
 }
 
-/// Applies `ops` in the open transaction of `client`. The caller rolls back
+/// Applies `calls` in the open transaction of `client`. The caller rolls back
 /// when [`Applied::failed`] is set.
-pub async fn apply_in(client: &impl GenericClient, ops: &[KvCall], limit: AnswerLimit) -> Result<Applied, DbError> {
-    let ops = sql_ops(ops);
+pub async fn apply_in(client: &impl GenericClient, calls: &[KvCall], limit: AnswerLimit) -> Result<Applied, DbError> {
+    let ops = sql_ops(calls);
     let stmt = client.prepare_cached("SELECT stile.kv_apply($1::jsonb, $2) AS answer").await?;
     let row = client.query_one(&stmt, &[&ops, &limit.0]).await?;
-    applied(row.try_get("answer")?, ops_len(&ops))
+    applied(row.try_get("answer")?, calls.len())
 }
 
-/// Applies `ops` as one statement: all of them, or, when a `required` one
+/// Applies `calls` as one statement: all of them, or, when a `required` one
 /// does not apply, none (the statement is aborted).
-pub async fn apply(db: &Db, ops: &[KvCall], limit: AnswerLimit) -> Result<Applied, DbError> {
+pub async fn apply(db: &Db, calls: &[KvCall], limit: AnswerLimit) -> Result<Applied, DbError> {
     let client = db.pool().get().await?;
-    let ops = sql_ops(ops);
+    let ops = sql_ops(calls);
     let stmt = client.prepare_cached("SELECT stile.kv_apply_atomic($1::jsonb, $2) AS answer").await?;
     match client.query_one(&stmt, &[&ops, &limit.0]).await {
-        Ok(row) => applied(row.try_get("answer")?, ops_len(&ops)),
+        Ok(row) => applied(row.try_get("answer")?, calls.len()),
         Err(error) => match error.as_db_error() {
             Some(db) if db.code().code() == PRECONDITION_LOST => {
                 let answer = serde_json::from_str(db.message())
                     .map_err(|e| DbError::Protocol(format!("stile.kv_apply_atomic raised an answer that is not JSON: {e}")))?;
-                applied(answer, ops_len(&ops))
+                applied(answer, calls.len())
             }
             _ => Err(error.into()),
         },
@@ -132,10 +131,6 @@ fn applied(answer: Value, count: usize) -> Result<Applied, DbError> {
     }
     let results = results.into_iter().map(KvResult::read).collect::<Result<_, _>>()?;
     Ok(Applied { results, failed })
-}
-
-fn ops_len(ops: &Value) -> usize {
-    ops.as_array().map_or(0, Vec::len)
 }
 
 fn sql_ops(ops: &[KvCall]) -> Value {

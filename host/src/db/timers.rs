@@ -94,7 +94,11 @@ pub async fn apply_in(client: &impl GenericClient, calls: &[TimerCall]) -> Resul
     let results = Vec::<TimerResult>::deserialize(answer)
         .map_err(|e| DbError::Protocol(format!("stile.timers_apply answered results of another shape: {e}")))?;
     if results.len() != calls.len() {
-        return Err(DbError::Protocol("stile.timers_apply answered a result per operation".into()));
+        return Err(DbError::Protocol(format!(
+            "stile.timers_apply answered {} results for {} operations",
+            results.len(),
+            calls.len()
+        )));
     }
     Ok(results)
 }
