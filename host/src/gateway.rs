@@ -5,12 +5,13 @@
 //! result. Each partition's leaders then go to the one shard that partition
 //! maps to.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytestring::ByteString;
 use deadpool_postgres::GenericClient;
+use foldhash::{HashMap, HashMapExt as _};
 use futures::future::try_join_all;
 use stile_guest::OwnedCommit;
 use uuid::Uuid;

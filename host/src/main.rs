@@ -9,7 +9,7 @@ use stile::cache::EngineKind;
 use stile::conn::ConnectionLimits;
 use stile::http::HttpConfig;
 use stile::server::{ServeConfig, serve};
-use stile::shard::WorkerConfig;
+use stile::shard::{ShardPlacement, WorkerConfig};
 
 /// Every request allocates and frees small buffers (bodies, names,
 /// transactionIds, per-message outcomes) on whichever tokio worker runs it. With glibc's
@@ -100,6 +100,11 @@ struct ServeArgs {
     /// partitions of its shard keep flowing.
     #[arg(long, env = "STILE_LOCK_TIMEOUT", allow_negative_numbers = true, default_value_t = WorkerConfig::default().lock_timeout.as_secs_f64())]
     lock_timeout: f64,
+    /// Where each shard's worker runs: `serving`, a task of the runtime that
+    /// serves HTTP (a request reaches its shard without waking another
+    /// thread), or `thread`, a thread of its own.
+    #[arg(long, env = "STILE_SHARD_PLACEMENT", value_enum, default_value = "serving")]
+    shard_placement: ShardPlacement,
     /// Most MiB that requests in progress may hold; past it, new requests
     /// wait with their bodies unread. Default: a quarter of the cache budget,
     /// and at least 64.
@@ -145,6 +150,7 @@ fn main() -> std::process::ExitCode {
         pool_size: args.pool_size,
         bundles_in_flight: args.bundles_in_flight,
         lock_timeout: seconds("--lock-timeout", args.lock_timeout),
+        shard_placement: args.shard_placement,
         max_held_bytes: args.max_held_mb.unwrap_or((args.cache_mb / 4).max(64)).saturating_mul(1 << 20),
         purge_every: Duration::from_secs(args.purge_seconds.max(1)),
         inject_guest_traps_per_million: args.inject_guest_traps_per_million,

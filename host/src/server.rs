@@ -19,7 +19,7 @@ use crate::gateway::Gateway;
 use crate::http::{App, HttpConfig};
 use crate::intake::Intake;
 use crate::metrics::Metrics;
-use crate::shard::{self, DbReading, WorkerConfig};
+use crate::shard::{self, DbReading, ShardPlacement, WorkerConfig};
 use crate::wasm::WasmEngine;
 
 /// Everything `stile serve` is told.
@@ -40,6 +40,8 @@ pub struct ServeConfig {
     pub bundles_in_flight: usize,
     /// The longest a push waits for a partition's row lock held elsewhere.
     pub lock_timeout: Duration,
+    /// Where each shard's worker runs.
+    pub shard_placement: ShardPlacement,
     /// The most bytes requests in progress may hold.
     pub max_held_bytes: u64,
     /// How often retention runs.
@@ -82,6 +84,7 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
             hydrate: config.cache_mb > 0,
             max_in_flight: config.bundles_in_flight.max(1),
             lock_timeout: config.lock_timeout,
+            placement: config.shard_placement,
             ..WorkerConfig::default()
         };
         let (handle, worker) = shard::spawn(id, cache, &db, metrics.clone(), shard_config, first)?;

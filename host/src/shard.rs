@@ -18,11 +18,11 @@
 //! whose floor its clock has not reached. A reading that shows PostgreSQL's
 //! clock stepped back replaces the cache.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use foldhash::{HashMap, HashMapExt as _};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt as _};
 use stile_guest::{
@@ -93,6 +93,21 @@ pub struct WorkerConfig {
     /// for one round trip and a commit); past it, the partitions found
     /// locked are set aside so that their shard-mates flow.
     pub lock_timeout: Duration,
+    /// Where the worker runs.
+    pub placement: ShardPlacement,
+}
+
+/// Where a shard's worker runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShardPlacement {
+    /// A task of the runtime that serves HTTP (when it has several worker
+    /// threads; otherwise a thread of its own): a request's way to its shard
+    /// and back wakes a task, usually on the same thread, not another thread.
+    #[default]
+    Serving,
+    /// A thread of its own, with a single-threaded runtime: every request
+    /// crosses to it and back.
+    Thread,
 }
 
 impl Default for WorkerConfig {
@@ -103,6 +118,7 @@ impl Default for WorkerConfig {
             housekeeping: Duration::from_secs(1),
             hydrate: true,
             lock_timeout: Duration::from_secs(1),
+            placement: ShardPlacement::Serving,
         }
     }
 }
@@ -187,16 +203,14 @@ pub struct PartitionPushRequest {
     pub messages: Vec<Message>,
 }
 
-/// Starts a shard worker on a thread of its own; it runs until every handle
-/// is dropped and its in-flight work is done.
+/// Starts a shard worker where `config.placement` says; it runs until every
+/// handle is dropped and its in-flight work is done.
 ///
-/// The worker's guest calls block its thread (a hydration of a large window
-/// takes milliseconds, a runaway guest up to its deadline), so it has a
-/// current-thread runtime of its own and never runs on the HTTP runtime's
-/// workers. Its round trips to PostgreSQL go through a pool of its own,
-/// opened on that thread, so their I/O is driven there too: a connection for
-/// each bundle in flight and [`HYDRATION_CONNECTIONS`] more, so that
-/// hydrations do not wait for bundles.
+/// Its round trips to PostgreSQL go through a pool of its own: a connection
+/// for each bundle in flight, the contended partitions' one and
+/// [`HYDRATION_CONNECTIONS`] more, so that hydrations do not wait for
+/// bundles. A connection's I/O is driven by the runtime it was opened on,
+/// the worker's.
 ///
 /// `first` is a reading of PostgreSQL's clock to start the cache's clock from.
 pub fn spawn(
@@ -206,11 +220,12 @@ pub fn spawn(
     metrics: Arc<Metrics>,
     config: WorkerConfig,
     first: DbReading,
-) -> anyhow::Result<(ShardHandle, ShardThread)> {
+) -> anyhow::Result<(ShardHandle, ShardWorker)> {
     let (tx, rx) = mpsc::channel(1024);
     let clock = DbClock::new(first.db_ms, 0, cache.config().skew_slack_ms);
-    let worker = Worker {
+    let mut worker = Worker {
         id,
+        long_calls: LongCalls::Inline,
         cache,
         db: db.with_own_pool(OwnPool {
             size: config.max_in_flight + CONTENDED_CONNECTIONS + HYDRATION_CONNECTIONS,
@@ -227,30 +242,72 @@ pub fn spawn(
         bundles_in_flight: 0,
         contended_in_flight: false,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let thread = std::thread::Builder::new().name(format!("stile-shard-{id}")).spawn(move || runtime.block_on(worker.run(rx)))?;
-    Ok((ShardHandle { tx }, ShardThread { thread }))
+    let serving = match tokio::runtime::Handle::try_current() {
+        Ok(handle) if config.placement == ShardPlacement::Serving => {
+            (handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread).then_some(handle)
+        }
+        _ => None,
+    };
+    match serving {
+        Some(handle) => {
+            worker.long_calls = LongCalls::InPlace;
+            Ok((ShardHandle { tx }, ShardWorker::Task(handle.spawn(worker.run(rx)))))
+        }
+        None => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let thread =
+                std::thread::Builder::new().name(format!("stile-shard-{id}")).spawn(move || runtime.block_on(worker.run(rx)))?;
+            Ok((ShardHandle { tx }, ShardWorker::Thread(thread)))
+        }
+    }
 }
 
-/// A running shard worker's thread.
+/// A running shard worker: a task of the serving runtime, or a thread.
 #[derive(Debug)]
-pub struct ShardThread {
-    thread: std::thread::JoinHandle<()>,
+pub enum ShardWorker {
+    Task(tokio::task::JoinHandle<()>),
+    Thread(std::thread::JoinHandle<()>),
 }
 
-impl ShardThread {
-    /// Waits, off the async workers, for the worker to finish: it does once
-    /// every [`ShardHandle`] is gone and its in-flight work is done.
+impl ShardWorker {
+    /// Waits for the worker to finish (once every handle is dropped).
     pub async fn join(self) {
-        let thread = self.thread;
-        if let Ok(Err(panic)) = tokio::task::spawn_blocking(move || thread.join()).await {
-            tracing::error!(?panic, "a shard worker panicked");
+        let finished = match self {
+            ShardWorker::Task(task) => task.await.map_err(|error| format!("{error}")),
+            ShardWorker::Thread(thread) => match tokio::task::spawn_blocking(move || thread.join()).await {
+                Ok(Err(panic)) => Err(format!("{panic:?}")),
+                _ => Ok(()),
+            },
+        };
+        if let Err(panic) = finished {
+            tracing::error!(panic, "a shard worker panicked");
+        }
+    }
+}
+
+/// How the worker makes a guest call that may run long (a hydration of a
+/// large window takes milliseconds, a runaway guest up to its deadline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LongCalls {
+    /// On the worker's own thread: nothing else runs there.
+    Inline,
+    /// On a worker of the serving runtime, with `block_in_place`: the
+    /// requests that worker thread was serving move to the others meanwhile.
+    InPlace,
+}
+
+impl LongCalls {
+    fn run<R>(self, call: impl FnOnce() -> R) -> R {
+        match self {
+            LongCalls::Inline => call(),
+            LongCalls::InPlace => tokio::task::block_in_place(call),
         }
     }
 }
 
 struct Worker {
     id: usize,
+    long_calls: LongCalls,
     cache: ShardCache,
     db: Db,
     metrics: Arc<Metrics>,
@@ -808,7 +865,8 @@ impl Worker {
         };
         let started = Instant::now();
         let now = self.now();
-        let installed = self.cache.hydrate(now, &hydration);
+        let cache = &mut self.cache;
+        let installed = self.long_calls.run(|| cache.hydrate(now, &hydration));
         self.metrics.guest_call(started.elapsed());
         self.metrics.hydration(installed);
     }
@@ -895,7 +953,8 @@ impl Worker {
         if offset_ms.unsigned_abs() > u64::from(self.skew_slack_ms()) {
             warn_clock_offset(offset_ms, self.skew_slack_ms());
         }
-        self.cache.expire(now);
+        let cache = &mut self.cache;
+        self.long_calls.run(|| cache.expire(now));
         // Forget the state of partitions idle for as long as the metadata
         // memo lives; their cache entries stay.
         self.partitions.retain(|_, p| p.busy || !p.queue.is_empty() || p.last_used.elapsed() < METADATA_TTL);

@@ -208,10 +208,25 @@ async fn repeats_in_one_request_follow_the_first_and_other_partitions_are_other_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_concurrent_pushes_of_one_id_store_it_once() {
+    let threads = eight_concurrent_pushes_of_one_id(&GatewayOptions::default()).await;
+    assert!(!threads.iter().any(|name| name.starts_with("stile-shard")), "{threads:?}");
+}
+
+/// The same race with each shard's worker on a thread of its own (the
+/// default is a task of the serving runtime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_concurrent_pushes_of_one_id_store_it_once_with_shards_on_threads_of_their_own() {
+    let options = GatewayOptions { extra_args: vec!["--shard-placement".into(), "thread".into()], ..GatewayOptions::default() };
+    let threads = eight_concurrent_pushes_of_one_id(&options).await;
+    assert!(threads.iter().any(|name| name == "stile-shard-0"), "{threads:?}");
+}
+
+/// Runs the race; answers the names of the gateway's threads at its end.
+async fn eight_concurrent_pushes_of_one_id(options: &GatewayOptions) -> Vec<String> {
     const TASKS: usize = 8;
     const ROUNDS: usize = 12;
     let t = fresh_database().await;
-    let gw = Gateway::start(&t.url()).await;
+    let gw = Gateway::start_with(&t.url(), options).await;
     let mut clients = Vec::new();
     for _ in 0..TASKS {
         clients.push(gw.client().await);
@@ -256,6 +271,17 @@ async fn eight_concurrent_pushes_of_one_id_store_it_once() {
     let offsets: HashSet<i64> = stored.iter().map(|m| m.offset).collect();
     assert_eq!(offsets, (0..ROUNDS as i64).collect(), "offsets are dense");
     assert_eq!(stored_counts(&t, "race").await, (ROUNDS as i64, ROUNDS as i64));
+    thread_names(gw.pid())
+}
+
+/// The names of a process's threads, as Linux reports them.
+fn thread_names(pid: i32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the gateway's threads");
+    tasks
+        .map(|task| {
+            std::fs::read_to_string(task.expect("a thread").path().join("comm")).expect("a thread's name").trim().to_owned()
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
