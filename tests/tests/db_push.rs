@@ -2,8 +2,10 @@
 //! what a duplicate leaves behind (nothing), and where its neighbours go.
 
 use serde_json::{Map, json};
+use std::time::Duration;
+
 use stile::db::{
-    ClockFloor, ConfigureMode, DbError, Duplicate, MessageOutcome, PageBound, ProbeMode, SegmentOutcome, SegmentPush,
+    ClockFloor, ConfigureMode, Db, DbError, Duplicate, MessageOutcome, OwnPool, PageBound, ProbeMode, SegmentOutcome, SegmentPush,
 };
 use stile::payload::Payload;
 use stile_tests::pg::{PartitionState, TestDb, partition_state, segment};
@@ -170,6 +172,42 @@ async fn a_duplicate_writes_nothing_and_names_the_original() {
     let other_queue = t.db.resolve_partition("invoices", "p0").await.unwrap();
     let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(other_queue.id, &["b"], -1, 3600)]).await.unwrap();
     assert_eq!(committed(&out[0]).0, 0);
+}
+
+/// `synchronous_commit` inside a transaction on a connection of `db`'s pool,
+/// after pushing `segments` in it.
+async fn commit_setting_after_push(db: &Db, segments: &[SegmentPush]) -> String {
+    let mut client = db.pool().get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    stile::db::push_on(&tx, ClockFloor::EPOCH, segments).await.unwrap();
+    let setting: String = tx.query_one("SHOW synchronous_commit", &[]).await.unwrap().get(0);
+    tx.commit().await.unwrap();
+    setting
+}
+
+#[tokio::test]
+async fn a_call_that_stores_nothing_commits_without_waiting_for_its_flush_only_on_a_shards_connections() {
+    let t = TestDb::new().await;
+    let shard = t.db.with_own_pool(OwnPool { size: 1, lock_timeout: Duration::from_secs(1) }).unwrap();
+    let p = t.db.resolve_partition("orders", "p0").await.unwrap();
+    let q = t.db.resolve_partition("orders", "p1").await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
+    let c = t.client().await;
+    let before = partition_state(&c, p.id).await;
+
+    // Every message a duplicate: only row locks were written.
+    let replay = || [segment(p.id, &["b", "a"], -1, 3600)];
+    assert_eq!(commit_setting_after_push(&shard, &replay()).await, "off");
+    // The main pool's sessions, which run KV and timers after a push in one
+    // transaction, commit as configured.
+    assert_eq!(commit_setting_after_push(&t.db, &replay()).await, "on");
+    assert_eq!(partition_state(&c, p.id).await, before);
+
+    // Anything stored, in any segment of the call, commits as configured.
+    let mixed = [segment(p.id, &["a"], -1, 3600), segment(q.id, &["new"], -1, 3600)];
+    assert_eq!(commit_setting_after_push(&shard, &mixed).await, "on");
+    assert_eq!(commit_setting_after_push(&shard, &[segment(p.id, &["b", "c"], -1, 3600)]).await, "on");
+    assert_eq!(partition_state(&c, p.id).await.last_offset, 2);
 }
 
 #[tokio::test]

@@ -523,6 +523,7 @@ DECLARE
     v_now timestamptz;
     v_narrowed boolean;
     v_kept record;
+    v_stored boolean := false;  -- whether any segment wrote a log row
 BEGIN
     FOR j IN 1 .. coalesce(cardinality(p_partition_ids), 0) LOOP
         i := coalesce(v_order[j], j);
@@ -562,6 +563,7 @@ BEGIN
                 base_offset := v_last - v_count + 1;
                 created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
                 v_locked_pid := v_pid;
+                v_stored := true;
                 RETURN NEXT;
                 CONTINUE;
             END IF;
@@ -621,9 +623,17 @@ BEGIN
             -- Rounded up: a cache that expires hashes by this time never
             -- expires one before SQL would.
             created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
+            v_stored := true;
         END IF;
         RETURN NEXT;
     END LOOP;
+    -- A call that stored nothing wrote only row locks, and every original
+    -- it answered with was durable before it was visible: where the session
+    -- says each call is a transaction of its own (a gateway's shard
+    -- connections do), that commit need not wait for its WAL to be flushed.
+    IF NOT v_stored AND current_setting('stile.autocommit_push', true) = 'on' THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
 END
 $$;
 

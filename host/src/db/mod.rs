@@ -304,16 +304,23 @@ impl Db {
     }
 
     /// A pool of its own, of `pool_size` connections to the same database,
-    /// opened on first use. A connection's I/O runs on the runtime that
-    /// opened it, so a shard worker on a thread of its own keeps its
-    /// round trips on that thread.
+    /// opened on first use, for a shard's bundles and hydrations: every
+    /// statement on them is a transaction of its own. A connection's I/O runs
+    /// on the runtime that opened it.
+    ///
+    /// Its sessions set `stile.autocommit_push`, which tells `stile.push`
+    /// that its call is the whole transaction: a call that stored nothing
+    /// (every message a duplicate) then commits without waiting for the WAL
+    /// flush, since it wrote only row locks. Connections that run
+    /// transactions of several statements (the main pool's) never set it.
     pub fn with_own_pool(&self, pool: OwnPool) -> Result<Db, DbError> {
         let mut config = self.config.clone();
         // A zero `lock_timeout` would mean no limit: the shortest is 1 ms.
         let ms = pool.lock_timeout.as_millis().max(1);
+        let own = format!("-c lock_timeout={ms} -c stile.autocommit_push=on");
         let options = match self.config.get_options() {
-            Some(given) if !given.trim().is_empty() => format!("{given} -c lock_timeout={ms}"),
-            _ => format!("-c lock_timeout={ms}"),
+            Some(given) if !given.trim().is_empty() => format!("{given} {own}"),
+            _ => own,
         };
         config.options(&options);
         Ok(Db { pool: build_pool(&config, pool.size)?, config: self.config.clone() })
