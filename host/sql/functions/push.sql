@@ -61,16 +61,18 @@ $$;
 
 -- A segment found as one run of a log row's hashes, the first at offset
 -- p_offset: each hash's index, offset and message id, the ids from p_mids (the
--- row's message ids, or a slice of them) from index p_at on.
-CREATE OR REPLACE FUNCTION stile.run_found(
+-- row's message ids, or a slice of them) from index p_at on. One row. It is
+-- declared a set (RETURNS TABLE) so that the planner inlines it into the
+-- query that calls it: a LANGUAGE sql function that is not inlined is parsed
+-- and planned again on every call.
+DROP FUNCTION IF EXISTS stile.run_found(integer, bigint, bytea, integer);
+CREATE OR REPLACE FUNCTION stile.found_as_run(
     p_count integer,
     p_offset bigint,
     p_mids bytea,
-    p_at integer,
-    OUT dup_idx integer[],
-    OUT dup_off bigint[],
-    OUT dup_ids uuid[]
+    p_at integer
 )
+RETURNS TABLE (dup_idx integer[], dup_off bigint[], dup_ids uuid[])
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT ARRAY(SELECT generate_series(0, p_count - 1)),
@@ -242,7 +244,7 @@ BEGIN
         v_at := position(p_hashes IN v_slice) - 1;
         IF v_at >= 0 AND v_at % 16 = 0 THEN
             SELECT * INTO dup_idx, dup_off, dup_ids
-              FROM stile.run_found(v_count, p_from + 1 + v_at / 16, v_first_mids, v_at / 16);
+              FROM stile.found_as_run(v_count, p_from + 1 + v_at / 16, v_first_mids, v_at / 16);
             RETURN;
         ELSIF v_slice IS NOT NULL AND v_count <= 64 THEN
             -- Hashes in another order, each searched for in the slice (at
@@ -338,7 +340,7 @@ BEGIN
             v_run := CASE WHEN v_at >= 0 AND v_at % 16 = 0 THEN v_at / 16 ELSE -1 END;
             IF v_run >= 0 THEN
                 SELECT * INTO dup_idx, dup_off, dup_ids
-                  FROM stile.run_found(v_count, v_first_base + v_run, v_first_mids, v_run);
+                  FROM stile.found_as_run(v_count, v_first_base + v_run, v_first_mids, v_run);
             ELSIF v_count <= 16 THEN
                 -- A miss or an unaligned match leaves the segment to the full
                 -- span.
@@ -401,18 +403,16 @@ $$;
 -- The columns of a log row holding a segment's messages less its duplicates
 -- (p_dup_idx, indexes from 0), in their order, and whether the segment's two
 -- JSON arrays hold one element per hash (the one place they are parsed).
-CREATE OR REPLACE FUNCTION stile.kept(
+-- One row, declared a set so that it is inlined (see stile.found_as_run).
+DROP FUNCTION IF EXISTS stile.kept(bytea, bytea, text, text, integer[]);
+CREATE OR REPLACE FUNCTION stile.kept_columns(
     p_hashes bytea,
     p_message_ids bytea,
     p_transaction_ids text,
     p_payloads text,
-    p_dup_idx integer[],
-    OUT hashes bytea,
-    OUT message_ids bytea,
-    OUT transaction_ids text,
-    OUT payloads text,
-    OUT complete boolean
+    p_dup_idx integer[]
 )
+RETURNS TABLE (hashes bytea, message_ids bytea, transaction_ids text, payloads text, complete boolean)
 LANGUAGE sql IMMUTABLE
 AS $$
     SELECT string_agg(substring(p_hashes FROM 16 * k.j + 1 FOR 16), '\x'::bytea ORDER BY k.j),
@@ -606,7 +606,7 @@ BEGIN
                 -- Some duplicates: the others are written without them, in
                 -- their order, in this same transaction.
                 SELECT k.hashes, k.message_ids, k.transaction_ids, k.payloads, k.complete INTO v_kept
-                  FROM stile.kept(p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i], dup_idx) AS k;
+                  FROM stile.kept_columns(p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i], dup_idx) AS k;
                 IF NOT v_kept.complete THEN
                     RAISE EXCEPTION 'stile.push: segment % does not hold % transactionIds and payloads', i - 1, p_counts[i]
                         USING ERRCODE = 'invalid_parameter_value';
