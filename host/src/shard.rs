@@ -100,9 +100,10 @@ pub struct WorkerConfig {
 /// Where a shard's worker runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ShardPlacement {
-    /// A task of the runtime that serves HTTP (when it has several worker
-    /// threads; otherwise a thread of its own): a request's way to its shard
-    /// and back wakes a task, usually on the same thread, not another thread.
+    /// A task of the runtime that serves HTTP (when that runtime is
+    /// multi-threaded; on a single-threaded one, a thread of its own): a
+    /// request's way to its shard and back wakes a task, usually on the same
+    /// thread, not another thread.
     #[default]
     Serving,
     /// A thread of its own, with a single-threaded runtime: every request
@@ -223,9 +224,16 @@ pub fn spawn(
 ) -> anyhow::Result<(ShardHandle, ShardWorker)> {
     let (tx, rx) = mpsc::channel(1024);
     let clock = DbClock::new(first.db_ms, 0, cache.config().skew_slack_ms);
-    let mut worker = Worker {
+    // `block_in_place` needs a multi-threaded runtime.
+    let serving = match tokio::runtime::Handle::try_current() {
+        Ok(handle) if config.placement == ShardPlacement::Serving => {
+            (handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread).then_some(handle)
+        }
+        _ => None,
+    };
+    let worker = Worker {
         id,
-        long_calls: LongCalls::Inline,
+        long_calls: if serving.is_some() { LongCalls::InPlace } else { LongCalls::Inline },
         cache,
         db: db.with_own_pool(OwnPool {
             size: config.max_in_flight + CONTENDED_CONNECTIONS + HYDRATION_CONNECTIONS,
@@ -242,17 +250,8 @@ pub fn spawn(
         bundles_in_flight: 0,
         contended_in_flight: false,
     };
-    let serving = match tokio::runtime::Handle::try_current() {
-        Ok(handle) if config.placement == ShardPlacement::Serving => {
-            (handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread).then_some(handle)
-        }
-        _ => None,
-    };
     match serving {
-        Some(handle) => {
-            worker.long_calls = LongCalls::InPlace;
-            Ok((ShardHandle { tx }, ShardWorker::Task(handle.spawn(worker.run(rx)))))
-        }
+        Some(handle) => Ok((ShardHandle { tx }, ShardWorker::Task(handle.spawn(worker.run(rx))))),
         None => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let thread =
