@@ -93,63 +93,110 @@ AS $$
         'updatedAt', floor(extract(epoch FROM p_updated) * 1000)::bigint)
 $$;
 
+-- The three reads are PL/pgSQL, not LANGUAGE sql: their bodies hold
+-- sub-selects, which the planner never inlines, and a LANGUAGE sql function
+-- that is not inlined is parsed and planned again in every transaction that
+-- calls it (each KV request), where PL/pgSQL keeps its plans for the session.
+
 CREATE OR REPLACE FUNCTION stile.kv_get(p_op jsonb, p_now timestamptz)
 RETURNS jsonb
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT coalesce(
+BEGIN
+    RETURN coalesce(
         (SELECT jsonb_build_object('op', 'get', 'found', true)
                 || stile.kv_row(k.key, k.value, k.version, k.expires_at, k.updated_at)
            FROM stile.kv k
           WHERE k.ns = p_op ->> 'ns' AND k.key = (p_op ->> 'key') COLLATE "C"
             AND (k.expires_at IS NULL OR k.expires_at > p_now)),
-        jsonb_build_object('op', 'get', 'found', false, 'key', p_op ->> 'key'))
+        jsonb_build_object('op', 'get', 'found', false, 'key', p_op ->> 'key'));
+END
 $$;
 
 CREATE OR REPLACE FUNCTION stile.kv_get_many(p_op jsonb, p_now timestamptz)
 RETURNS jsonb
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    WITH wanted AS (
-        SELECT w.key COLLATE "C" AS key, w.n FROM jsonb_array_elements_text(p_op -> 'keys') WITH ORDINALITY AS w(key, n)
-    ), found AS (
-        SELECT w.n, k.* FROM wanted w
-          JOIN stile.kv k ON k.ns = p_op ->> 'ns' AND k.key = w.key
-         WHERE k.expires_at IS NULL OR k.expires_at > p_now
-    )
-    SELECT jsonb_build_object(
-        'op', 'getMany',
-        'rows', coalesce((SELECT jsonb_agg(stile.kv_row(f.key, f.value, f.version, f.expires_at, f.updated_at) ORDER BY f.n) FROM found f), '[]'),
-        'missing', coalesce((SELECT jsonb_agg(w.key ORDER BY w.n) FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.n = w.n)), '[]'),
-        'truncated', false)
+BEGIN
+    RETURN (
+        WITH wanted AS (
+            SELECT w.key COLLATE "C" AS key, w.n FROM jsonb_array_elements_text(p_op -> 'keys') WITH ORDINALITY AS w(key, n)
+        ), found AS (
+            SELECT w.n, k.* FROM wanted w
+              JOIN stile.kv k ON k.ns = p_op ->> 'ns' AND k.key = w.key
+             WHERE k.expires_at IS NULL OR k.expires_at > p_now
+        )
+        SELECT jsonb_build_object(
+            'op', 'getMany',
+            'rows', coalesce((SELECT jsonb_agg(stile.kv_row(f.key, f.value, f.version, f.expires_at, f.updated_at) ORDER BY f.n) FROM found f), '[]'),
+            'missing', coalesce((SELECT jsonb_agg(w.key ORDER BY w.n) FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.n = w.n)), '[]'),
+            'truncated', false));
+END
+$$;
+
+-- The least text above every key that starts with p_prefix, in byte order
+-- (COLLATE "C", in which UTF-8 text sorts by code point): the prefix with its
+-- last character that has a successor replaced by that successor, and the
+-- characters after it dropped. Keys are at most 1,024 bytes, so for a prefix
+-- made only of the greatest character, 257 of it lie above every key.
+CREATE OR REPLACE FUNCTION stile.prefix_end(p_prefix text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    v_greatest integer := CASE WHEN getdatabaseencoding() = 'UTF8' THEN 1114111 ELSE 255 END;
+    v_cut integer := char_length(p_prefix);
+    v_code integer;
+BEGIN
+    WHILE v_cut > 0 LOOP
+        v_code := ascii(substr(p_prefix, v_cut, 1));
+        IF v_code < v_greatest THEN
+            -- U+D800 to U+DFFF are not characters: U+E000 follows U+D7FF.
+            RETURN left(p_prefix, v_cut - 1)
+                   || chr(CASE WHEN v_code = 55295 AND v_greatest = 1114111 THEN 57344 ELSE v_code + 1 END);
+        END IF;
+        v_cut := v_cut - 1;
+    END LOOP;
+    RETURN repeat(chr(v_greatest), 257);
+END
 $$;
 
 -- A page of the keys starting with "prefix", after "after", in byte order:
 -- "limit" rows and whether more follow ("nextAfter" is the last key given).
+-- The keys' range is bounded on both sides by plain comparisons, which a
+-- cached generic plan still scans the index by (it cannot derive a range
+-- from ^@ with a value it does not know): a short page of a large namespace
+-- reads the prefix's keys, not every key after them.
 CREATE OR REPLACE FUNCTION stile.kv_get_prefix(p_op jsonb, p_now timestamptz)
 RETURNS jsonb
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    WITH page AS (
-        SELECT k.* FROM stile.kv k
-         WHERE k.ns = p_op ->> 'ns'
-           AND k.key ^@ ((p_op ->> 'prefix') COLLATE "C")
-           AND k.key > coalesce(p_op ->> 'after', '') COLLATE "C"
-           AND (k.expires_at IS NULL OR k.expires_at > p_now)
-         ORDER BY k.key
-         LIMIT (p_op ->> 'limit')::integer + 1
-    ), shown AS (
-        SELECT * FROM page ORDER BY key LIMIT (p_op ->> 'limit')::integer
-    )
-    SELECT jsonb_build_object(
-        'op', 'getPrefix',
-        'rows', coalesce((SELECT jsonb_agg(CASE WHEN (p_op ->> 'keysOnly')::boolean
-                                               THEN jsonb_build_object('key', s.key, 'version', s.version)
-                                               ELSE stile.kv_row(s.key, s.value, s.version, s.expires_at, s.updated_at) END
-                                           ORDER BY s.key) FROM shown s), '[]'),
-        'truncated', (SELECT count(*) FROM page) > (p_op ->> 'limit')::integer,
-        'nextAfter', CASE WHEN (SELECT count(*) FROM page) > (p_op ->> 'limit')::integer
-                          THEN (SELECT max(s.key) FROM shown s) END)
+DECLARE
+    v_prefix text COLLATE "C" := p_op ->> 'prefix';
+    v_end text COLLATE "C" := stile.prefix_end(p_op ->> 'prefix');
+BEGIN
+    RETURN (
+        WITH page AS (
+            SELECT k.* FROM stile.kv k
+             WHERE k.ns = p_op ->> 'ns'
+               AND k.key >= v_prefix AND k.key < v_end AND k.key ^@ v_prefix
+               AND k.key > coalesce(p_op ->> 'after', '') COLLATE "C"
+               AND (k.expires_at IS NULL OR k.expires_at > p_now)
+             ORDER BY k.key
+             LIMIT (p_op ->> 'limit')::integer + 1
+        ), shown AS (
+            SELECT * FROM page ORDER BY key LIMIT (p_op ->> 'limit')::integer
+        )
+        SELECT jsonb_build_object(
+            'op', 'getPrefix',
+            'rows', coalesce((SELECT jsonb_agg(CASE WHEN (p_op ->> 'keysOnly')::boolean
+                                                   THEN jsonb_build_object('key', s.key, 'version', s.version)
+                                                   ELSE stile.kv_row(s.key, s.value, s.version, s.expires_at, s.updated_at) END
+                                               ORDER BY s.key) FROM shown s), '[]'),
+            'truncated', (SELECT count(*) FROM page) > (p_op ->> 'limit')::integer,
+            'nextAfter', CASE WHEN (SELECT count(*) FROM page) > (p_op ->> 'limit')::integer
+                              THEN (SELECT max(s.key) FROM shown s) END));
+END
 $$;
 
 -- check, put, putIfAbsent, delete and incr: the verdict on the key's locked
