@@ -17,7 +17,10 @@ port=$((20000 + $$ % 20000))
 target/release/stile serve --listen "127.0.0.1:$port" \
     --database-url "host=${PGHOST:-127.0.0.1} user=${PGUSER:-postgres} dbname=$db" >/dev/null 2>&1 &
 gateway=$!
-until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do sleep 0.2; done
+until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
+    kill -0 "$gateway" 2>/dev/null || { echo "the gateway exited before it served" >&2; exit 1; }
+    sleep 0.2
+done
 kill "$gateway"; wait "$gateway" || true
 psql "${conn[@]}" -d "$db" -q -o /dev/null <<'SQL'
 SELECT stile.kv_apply(jsonb_build_array(

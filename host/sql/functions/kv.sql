@@ -166,14 +166,15 @@ $$;
 -- The keys' range is bounded on both sides by plain comparisons, which a
 -- cached generic plan still scans the index by (it cannot derive a range
 -- from ^@ with a value it does not know): a short page of a large namespace
--- reads the prefix's keys, not every key after them.
+-- reads the prefix's keys, not every key after them. ^@ stays the test of
+-- each key; the bounds only say where the scan starts and stops.
 CREATE OR REPLACE FUNCTION stile.kv_get_prefix(p_op jsonb, p_now timestamptz)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     v_prefix text COLLATE "C" := p_op ->> 'prefix';
-    v_end text COLLATE "C" := stile.prefix_end(p_op ->> 'prefix');
+    v_end text COLLATE "C" := stile.prefix_end(v_prefix);
 BEGIN
     RETURN (
         WITH page AS (
