@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use stile::db::{ClockFloor, Duplicate, MIGRATIONS, PageBound, ProbeMode, SegmentPush};
+use stile::db::{ClockFloor, ConfigureMode, Duplicate, MIGRATIONS, PageBound, ProbeMode, SegmentPush};
 use stile::payload::Payload;
 use stile_tests::pg::{TestDb, segment};
 use tokio_postgres::types::Json;
@@ -252,4 +252,48 @@ async fn two_builds_under_load_store_each_id_once() {
         rows.iter().map(|r| ((r.get("partition_id"), r.get("transaction_id")), r.get("offset"))).collect();
     assert_eq!(rows.len(), stored.len(), "no id stored twice");
     assert_eq!(stored, answered, "every answer names where its id is stored");
+}
+
+/// A gateway of the previous build reads a queue's options and a pending
+/// timer through functions taking a table's row (`stile.queue_options(q)`,
+/// `stile.timer_row(t)`); this build's functions take a name or the columns
+/// instead. The previous build's statements still run against this build's
+/// functions and answer what this build answers.
+#[tokio::test]
+async fn the_previous_builds_reads_of_options_and_timers_answer_as_this_builds() {
+    let t = TestDb::new().await;
+    let c = t.client().await;
+    let options = serde_json::Map::from_iter([("dedupWindowSeconds".to_owned(), serde_json::json!(60))]);
+    let configured = t.db.configure("orders", &options, ConfigureMode::Merge).await.unwrap();
+    assert_eq!(configured["dedupWindowSeconds"], 60);
+    let previous: Json<serde_json::Value> =
+        c.query_one("SELECT stile.queue_options(q) FROM stile.queues q WHERE q.name = $1", &[&"orders"]).await.unwrap().get(0);
+    assert_eq!(previous.0, configured);
+    assert_eq!(t.db.queue_options("orders").await.unwrap(), Some(configured));
+    assert_eq!(t.db.queue_options("absent").await.unwrap(), None);
+
+    let scheduled: Json<serde_json::Value> = c
+        .query_one(
+            "SELECT stile.timers_apply(jsonb_build_array(jsonb_build_object('op', 'schedule', 'queue', 'orders', \
+             'timerKey', 'k', 'partition', 'p0', 'txn', 't', 'messageId', gen_random_uuid(), 'payload', '{}'::jsonb, \
+             'delayMs', 60000))) -> 0",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let previous: Json<serde_json::Value> = c
+        .query_one(
+            "SELECT stile.timer_row(t) AS timer, t.payload::text AS payload FROM stile.timers t \
+             WHERE t.queue = $1 AND t.timer_key = $2::text COLLATE \"C\"",
+            &[&"orders", &"k"],
+        )
+        .await
+        .unwrap()
+        .get("timer");
+    let serde_json::Value::Object(mut expected) = scheduled.0 else { panic!("a timer result is an object") };
+    for field in ["index", "ok", "status"] {
+        expected.remove(field);
+    }
+    assert_eq!(previous.0, serde_json::Value::Object(expected));
 }

@@ -14,24 +14,41 @@ AS $$
              "namespace": null, "task": null}'::jsonb
 $$;
 
--- A queue row's stored options, as stile.configure returns them.
+-- A queue's stored options, as stile.configure returns them; NULL for a
+-- queue that does not exist. It takes the queue's name, not a row of
+-- stile.queues: a distributed database (Citus) cannot call a function taking
+-- a distributed or reference table's row type on its nodes.
+CREATE OR REPLACE FUNCTION stile.queue_options_of(p_queue text)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT jsonb_build_object(
+                       'dedupWindowSeconds', q.dedup_window_seconds,
+                       'retentionSeconds', q.retention_seconds,
+                       'leaseTime', q.lease_time,
+                       'retryLimit', q.retry_limit,
+                       'priority', q.priority,
+                       'delayedProcessing', q.delayed_processing,
+                       'windowBuffer', q.window_buffer,
+                       'maxSize', q.max_size,
+                       'completedRetentionSeconds', q.completed_retention_seconds,
+                       'encryptionEnabled', q.encryption_enabled,
+                       'namespace', q.namespace,
+                       'task', q.task)
+              FROM stile.queues q
+             WHERE q.name = p_queue);
+END
+$$;
+
+-- stile.queue_options_of a row's queue, for gateways of the previous build,
+-- which call it. Once none remains, `DROP FUNCTION
+-- stile.queue_options(stile.queues)` retires it.
 CREATE OR REPLACE FUNCTION stile.queue_options(q stile.queues)
 RETURNS jsonb
 LANGUAGE sql STABLE
 AS $$
-    SELECT jsonb_build_object(
-        'dedupWindowSeconds', q.dedup_window_seconds,
-        'retentionSeconds', q.retention_seconds,
-        'leaseTime', q.lease_time,
-        'retryLimit', q.retry_limit,
-        'priority', q.priority,
-        'delayedProcessing', q.delayed_processing,
-        'windowBuffer', q.window_buffer,
-        'maxSize', q.max_size,
-        'completedRetentionSeconds', q.completed_retention_seconds,
-        'encryptionEnabled', q.encryption_enabled,
-        'namespace', q.namespace,
-        'task', q.task)
+    SELECT stile.queue_options_of(q.name)
 $$;
 
 -- Checks one option and returns the value to store: the key's default for a
@@ -99,7 +116,6 @@ DECLARE
     v_given jsonb := '{}';
     v_key text;
     v_value jsonb;
-    v_row stile.queues;
     v_new jsonb;
 BEGIN
     IF p_options IS NOT NULL AND jsonb_typeof(p_options) <> 'object' THEN
@@ -111,11 +127,11 @@ BEGIN
     END LOOP;
 
     INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
-    SELECT * INTO STRICT v_row FROM stile.queues WHERE name = p_queue FOR NO KEY UPDATE;
+    PERFORM 1 FROM stile.queues WHERE name = p_queue FOR NO KEY UPDATE;
     IF coalesce(p_replace, false) THEN
         v_new := stile.option_defaults() || v_given;
     ELSE
-        v_new := stile.queue_options(v_row) || v_given;
+        v_new := stile.queue_options_of(p_queue) || v_given;
     END IF;
     UPDATE stile.queues
        SET dedup_window_seconds = (v_new ->> 'dedupWindowSeconds')::integer,
@@ -131,9 +147,8 @@ BEGIN
            namespace = v_new ->> 'namespace',
            task = v_new ->> 'task',
            updated_at = now()
-     WHERE name = p_queue
-    RETURNING stile.queue_options(queues.*) INTO v_new;
-    RETURN v_new;
+     WHERE name = p_queue;
+    RETURN stile.queue_options_of(p_queue);
 END
 $$;
 

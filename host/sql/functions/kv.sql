@@ -287,15 +287,17 @@ $$;
 -- Deletes up to p_limit keys whose time has passed; answers how many.
 CREATE OR REPLACE FUNCTION stile.kv_purge(p_limit integer)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    WITH gone AS (
-        DELETE FROM stile.kv k
-         WHERE (k.ns, k.key) IN (SELECT e.ns, e.key FROM stile.kv e
-                                  WHERE e.expires_at <= clock_timestamp()
-                                  ORDER BY e.expires_at LIMIT p_limit
-                                  FOR UPDATE SKIP LOCKED)
-        RETURNING 1
-    )
-    SELECT count(*) FROM gone
+DECLARE
+    v_deleted bigint;
+BEGIN
+    DELETE FROM stile.kv k
+     WHERE (k.ns, k.key) IN (SELECT e.ns, e.key FROM stile.kv e
+                              WHERE e.expires_at <= clock_timestamp()
+                              ORDER BY e.expires_at LIMIT p_limit
+                              FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
 $$;

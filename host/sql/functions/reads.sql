@@ -17,6 +17,12 @@ $$;
 -- Messages of a partition from an offset on, in offset order, at most p_limit.
 -- created_ms is the row's created_at in ms since the epoch, rounded up (the
 -- same value stile.push returned for it).
+--
+-- This function and the others here, in retention.sql, kv.sql and timers.sql
+-- that read the partitioned tables (log, partitions, kv, timers) are PL/pgSQL
+-- with RETURN QUERY rather than LANGUAGE sql: a distributed database (Citus)
+-- refuses a LANGUAGE sql function's parameterized query over a distributed
+-- table, and PL/pgSQL keeps each statement's plan for the session.
 CREATE OR REPLACE FUNCTION stile.read_messages(p_queue text, p_partition text, p_from bigint, p_limit integer)
 RETURNS TABLE (
     "offset" bigint,
@@ -25,17 +31,26 @@ RETURNS TABLE (
     payload json,
     created_ms bigint
 )
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT s.base_offset + m.idx, m.message_id, m.transaction_id, m.payload,
-           ceil(extract(epoch FROM s.created_at) * 1000)::bigint
-      FROM stile.partitions p
-      JOIN stile.log s ON s.partition_id = p.id AND s.end_offset >= p_from
-     CROSS JOIN LATERAL stile.log_messages(s.message_ids, s.transaction_ids, s.payloads) AS m
-     WHERE p.queue = p_queue AND p.name = p_partition
-       AND s.base_offset + m.idx >= p_from
-     ORDER BY s.end_offset, m.idx
-     LIMIT greatest(p_limit, 0)
+#variable_conflict use_column
+DECLARE
+    v_pid bigint;
+BEGIN
+    SELECT p.id INTO v_pid FROM stile.partitions p WHERE p.queue = p_queue AND p.name = p_partition;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT s.base_offset + m.idx, m.message_id, m.transaction_id, m.payload,
+               ceil(extract(epoch FROM s.created_at) * 1000)::bigint
+          FROM stile.log s
+         CROSS JOIN LATERAL stile.log_messages(s.message_ids, s.transaction_ids, s.payloads) AS m
+         WHERE s.partition_id = v_pid AND s.end_offset >= p_from
+           AND s.base_offset + m.idx >= p_from
+         ORDER BY s.end_offset, m.idx
+         LIMIT greatest(p_limit, 0);
+END
 $$;
 
 -- Every stored message, a row each: for programs that read the log with plain
@@ -135,18 +150,22 @@ RETURNS TABLE (
     hashes bytea,
     clock_ms bigint
 )
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET jit = off  -- an index range scan: compiling it would cost more than it saves
 AS $$
-    WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
-    SELECT p.last_offset, p.txns_start, t.base_offset, t.end_offset,
-           ceil(extract(epoch FROM t.created_at) * 1000)::bigint, t.hashes,
-           floor(extract(epoch FROM clock.now) * 1000)::bigint
-      FROM clock
-      JOIN stile.partitions p ON p.id = p_partition_id
-      LEFT JOIN stile.log t
-        ON t.partition_id = p.id
-       AND t.created_at >= clock.now - make_interval(secs => greatest(p_window_seconds, 0))
-                                    - make_interval(secs => greatest(p_slack_ms, 0) / 1000.0)
-     ORDER BY t.end_offset
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
+        SELECT p.last_offset, p.txns_start, t.base_offset, t.end_offset,
+               ceil(extract(epoch FROM t.created_at) * 1000)::bigint, t.hashes,
+               floor(extract(epoch FROM clock.now) * 1000)::bigint
+          FROM clock
+          JOIN stile.partitions p ON p.id = p_partition_id
+          LEFT JOIN stile.log t
+            ON t.partition_id = p.id
+           AND t.created_at >= clock.now - make_interval(secs => greatest(p_window_seconds, 0))
+                                        - make_interval(secs => greatest(p_slack_ms, 0) / 1000.0)
+         ORDER BY t.end_offset;
+END
 $$;

@@ -5,11 +5,14 @@
 -- Partitions whose queue has a retention, in id order.
 CREATE OR REPLACE FUNCTION stile.purge_candidates()
 RETURNS SETOF bigint
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT p.id FROM stile.partitions p JOIN stile.queues q ON q.name = p.queue
-     WHERE q.retention_seconds > 0
-     ORDER BY p.id
+BEGIN
+    RETURN QUERY
+        SELECT p.id FROM stile.partitions p JOIN stile.queues q ON q.name = p.queue
+         WHERE q.retention_seconds > 0
+         ORDER BY p.id;
+END
 $$;
 
 -- Applies its queue's retention to one partition, under its row lock.

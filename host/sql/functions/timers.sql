@@ -2,16 +2,36 @@
 -- Timers (applied with the other functions, see host/src/db/migrate.rs)
 ------------------------------------------------------------------------------
 
--- A timer as the API shows it. Times are ms since the epoch.
-CREATE OR REPLACE FUNCTION stile.timer_row(t stile.timers)
+-- A timer as the API shows it. Times are ms since the epoch. It takes the
+-- columns, not a row of stile.timers: a distributed database (Citus) cannot
+-- call a function taking a distributed table's row type on its nodes.
+CREATE OR REPLACE FUNCTION stile.timer_json(
+    p_queue text,
+    p_timer_key text,
+    p_partition text,
+    p_txn text,
+    p_message_id uuid,
+    p_deliver_at timestamptz,
+    p_scheduled_at timestamptz
+)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE
 AS $$
     SELECT jsonb_build_object(
-        'queue', t.queue, 'timerKey', t.timer_key, 'partition', t.partition, 'txn', t.txn,
-        'messageId', t.message_id,
-        'deliverAt', floor(extract(epoch FROM t.deliver_at) * 1000)::bigint,
-        'scheduledAt', floor(extract(epoch FROM t.scheduled_at) * 1000)::bigint)
+        'queue', p_queue, 'timerKey', p_timer_key, 'partition', p_partition, 'txn', p_txn,
+        'messageId', p_message_id,
+        'deliverAt', floor(extract(epoch FROM p_deliver_at) * 1000)::bigint,
+        'scheduledAt', floor(extract(epoch FROM p_scheduled_at) * 1000)::bigint)
+$$;
+
+-- stile.timer_json of a row, for gateways of the previous build, which call
+-- it. Once none remains, `DROP FUNCTION stile.timer_row(stile.timers)`
+-- retires it.
+CREATE OR REPLACE FUNCTION stile.timer_row(t stile.timers)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT stile.timer_json(t.queue, t.timer_key, t.partition, t.txn, t.message_id, t.deliver_at, t.scheduled_at)
 $$;
 
 -- Applies timer operations in order, in the caller's transaction; answers one
@@ -36,7 +56,9 @@ BEGIN
              WHERE queue = v_op ->> 'queue' AND timer_key = (v_op ->> 'timerKey') COLLATE "C"
             RETURNING * INTO v_row;
             v_results := v_results || jsonb_build_array(CASE WHEN FOUND
-                THEN jsonb_build_object('index', i, 'ok', true, 'status', 'cancelled') || stile.timer_row(v_row)
+                THEN jsonb_build_object('index', i, 'ok', true, 'status', 'cancelled')
+                     || stile.timer_json(v_row.queue, v_row.timer_key, v_row.partition, v_row.txn, v_row.message_id,
+                                         v_row.deliver_at, v_row.scheduled_at)
                 ELSE jsonb_strip_nulls(jsonb_build_object('index', i, 'ok', false, 'status', 'absent',
                         'queue', v_op ->> 'queue', 'timerKey', v_op ->> 'timerKey', 'txn', v_op ->> 'txn')) END);
         ELSE
@@ -52,7 +74,8 @@ BEGIN
             v_results := v_results || jsonb_build_array(
                 jsonb_build_object('index', i, 'ok', true,
                                    'status', CASE WHEN v_inserted THEN 'scheduled' ELSE 'rescheduled' END)
-                || stile.timer_row(v_row));
+                || stile.timer_json(v_row.queue, v_row.timer_key, v_row.partition, v_row.txn, v_row.message_id,
+                                    v_row.deliver_at, v_row.scheduled_at));
         END IF;
     END LOOP;
     RETURN v_results;
@@ -65,39 +88,50 @@ $$;
 -- transaction, so a fire either commits both or neither.
 CREATE OR REPLACE FUNCTION stile.timers_take_due(p_limit integer)
 RETURNS SETOF stile.timers
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    DELETE FROM stile.timers t
-     WHERE (t.queue, t.timer_key) IN (SELECT d.queue, d.timer_key FROM stile.timers d
-                                       WHERE d.deliver_at <= clock_timestamp()
-                                       ORDER BY d.deliver_at LIMIT p_limit
-                                       FOR UPDATE SKIP LOCKED)
-    RETURNING t.*
+BEGIN
+    RETURN QUERY
+        DELETE FROM stile.timers t
+         WHERE (t.queue, t.timer_key) IN (SELECT d.queue, d.timer_key FROM stile.timers d
+                                           WHERE d.deliver_at <= clock_timestamp()
+                                           ORDER BY d.deliver_at LIMIT p_limit
+                                           FOR UPDATE SKIP LOCKED)
+        RETURNING t.*;
+END
 $$;
 
 -- Milliseconds until the next timer is due (0 when one is), null when none.
 CREATE OR REPLACE FUNCTION stile.timers_next_due_ms()
 RETURNS bigint
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT greatest(0, ceil(extract(epoch FROM min(deliver_at) - clock_timestamp()) * 1000))::bigint
-      FROM stile.timers
+BEGIN
+    RETURN (SELECT greatest(0, ceil(extract(epoch FROM min(t.deliver_at) - clock_timestamp()) * 1000))::bigint
+              FROM stile.timers t);
+END
 $$;
 
 -- A page of a queue's pending timers, by key, after p_after.
 CREATE OR REPLACE FUNCTION stile.timers_list(p_queue text, p_after text, p_limit integer)
 RETURNS jsonb
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    WITH page AS (
-        SELECT t FROM stile.timers t
-         WHERE t.queue = p_queue AND t.timer_key > coalesce(p_after, '') COLLATE "C"
-         ORDER BY t.timer_key LIMIT p_limit + 1
-    ), shown AS (
-        SELECT (p.t).* FROM page p ORDER BY (p.t).timer_key LIMIT p_limit
-    )
-    SELECT jsonb_build_object(
-        'rows', coalesce((SELECT jsonb_agg(stile.timer_row(s::stile.timers) ORDER BY s.timer_key) FROM shown s), '[]'),
-        'truncated', (SELECT count(*) FROM page) > p_limit,
-        'nextAfter', CASE WHEN (SELECT count(*) FROM page) > p_limit THEN (SELECT max(s.timer_key) FROM shown s) END)
+BEGIN
+    RETURN (
+        WITH page AS (
+            SELECT t.queue, t.timer_key, t.partition, t.txn, t.message_id, t.deliver_at, t.scheduled_at
+              FROM stile.timers t
+             WHERE t.queue = p_queue AND t.timer_key > coalesce(p_after, '') COLLATE "C"
+             ORDER BY t.timer_key LIMIT p_limit + 1
+        ), shown AS (
+            SELECT p.* FROM page p ORDER BY p.timer_key LIMIT p_limit
+        )
+        SELECT jsonb_build_object(
+            'rows', coalesce((SELECT jsonb_agg(stile.timer_json(s.queue, s.timer_key, s.partition, s.txn, s.message_id,
+                                                                s.deliver_at, s.scheduled_at) ORDER BY s.timer_key)
+                                FROM shown s), '[]'),
+            'truncated', (SELECT count(*) FROM page) > p_limit,
+            'nextAfter', CASE WHEN (SELECT count(*) FROM page) > p_limit THEN (SELECT max(s.timer_key) FROM shown s) END));
+END
 $$;

@@ -433,11 +433,9 @@ impl Db {
     /// A queue's stored options, or `None` if the queue does not exist.
     pub async fn queue_options(&self, queue: &str) -> Result<Option<Value>, DbError> {
         let client = self.pool.get().await?;
-        let stmt = client.prepare_cached("SELECT stile.queue_options(q) FROM stile.queues q WHERE q.name = $1").await?;
-        Ok(match client.query_opt(&stmt, &[&queue]).await? {
-            Some(row) => Some(row.try_get::<_, Json<Value>>(0)?.0),
-            None => None,
-        })
+        let stmt = client.prepare_cached("SELECT stile.queue_options_of($1)").await?;
+        let options: Option<Json<Value>> = client.query_one(&stmt, &[&queue]).await?.try_get(0)?;
+        Ok(options.map(|Json(options)| options))
     }
 
     /// Up to `limit` messages of a partition from `from_offset` on, in offset

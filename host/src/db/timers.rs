@@ -116,14 +116,15 @@ pub async fn pending(db: &Db, queue: &str, timer_key: &Key) -> Result<Option<Pen
     let client = db.pool().get().await?;
     let row = client
         .query_opt(
-            "SELECT stile.timer_row(t) AS timer, t.payload::text AS payload \
+            "SELECT stile.timer_json(t.queue, t.timer_key, t.partition, t.txn, t.message_id, t.deliver_at, \
+                                     t.scheduled_at) AS timer, t.payload::text AS payload \
              FROM stile.timers t WHERE t.queue = $1 AND t.timer_key = $2::text COLLATE \"C\"",
             &[&queue, &timer_key.as_str()],
         )
         .await?;
     let Some(row) = row else { return Ok(None) };
     let timer = Timer::deserialize(row.try_get::<_, Value>("timer")?)
-        .map_err(|e| DbError::Protocol(format!("stile.timer_row answered a timer of another shape: {e}")))?;
+        .map_err(|e| DbError::Protocol(format!("stile.timer_json answered a timer of another shape: {e}")))?;
     Ok(Some(Pending { timer, payload: row.try_get("payload")? }))
 }
 
