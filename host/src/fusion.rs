@@ -61,26 +61,54 @@ impl CoalescedSegment {
     /// come from the cache, which is trusted with nothing: their order does
     /// not matter, and indexes past the end are ignored.)
     pub fn cut_around(self, indexes: &[u32]) -> Result<Vec<CoalescedSegment>, CoalescedSegment> {
+        let named = self.named(indexes);
+        let Some(start) = named.iter().position(|&n| n) else { return Err(self) };
+        let end = start + named[start..].iter().take_while(|&&n| n).count();
+        if named[end..].contains(&true) || (start == 0 && end == named.len()) {
+            return Err(self);
+        }
+        Ok(self.cut_at(&[start, end]))
+    }
+
+    /// Whether `indexes` names every slot (indexes past the end ignored).
+    pub fn all_named(&self, indexes: &[u32]) -> bool {
+        self.named(indexes).iter().all(|&n| n)
+    }
+
+    /// The slot indexes where the request of a slot's leading message
+    /// changes: where the segment would be cut to give each request's slots
+    /// a piece of their own.
+    pub fn request_changes(&self) -> Vec<usize> {
+        let request = |slot: &Slot| slot.waiters[0].request;
+        (1..self.slots.len()).filter(|&i| request(&self.slots[i]) != request(&self.slots[i - 1])).collect()
+    }
+
+    fn named(&self, indexes: &[u32]) -> Vec<bool> {
         let mut named = vec![false; self.slots.len()];
         for &i in indexes {
             if let Some(named) = usize::try_from(i).ok().and_then(|i| named.get_mut(i)) {
                 *named = true;
             }
         }
-        let Some(start) = named.iter().position(|&n| n) else { return Err(self) };
-        let end = start + named[start..].iter().take_while(|&&n| n).count();
-        if named[end..].contains(&true) || (start == 0 && end == named.len()) {
-            return Err(self);
+        named
+    }
+
+    /// Cuts the segment before each of the ascending slot indexes `cuts`,
+    /// leaving out empty pieces.
+    pub fn cut_at(self, cuts: &[usize]) -> Vec<CoalescedSegment> {
+        debug_assert!(cuts.is_sorted() && cuts.last().is_none_or(|&cut| cut <= self.slots.len()));
+        let CoalescedSegment { slots, hashes } = self;
+        let mut pieces = Vec::with_capacity(cuts.len() + 1);
+        let mut slots = slots.into_iter();
+        let mut from = 0;
+        for end in cuts.iter().copied().chain([hashes.len() / 16]) {
+            if end > from {
+                let piece: Vec<Slot> = slots.by_ref().take(end - from).collect();
+                pieces.push(CoalescedSegment { slots: piece, hashes: hashes[16 * from..16 * end].to_vec() });
+            }
+            from = end;
         }
-        let CoalescedSegment { mut slots, hashes } = self;
-        let after: Vec<Slot> = slots.split_off(end);
-        let run: Vec<Slot> = slots.split_off(start);
-        let pieces = [(slots, &hashes[..16 * start]), (run, &hashes[16 * start..16 * end]), (after, &hashes[16 * end..])];
-        Ok(pieces
-            .into_iter()
-            .filter(|(slots, _)| !slots.is_empty())
-            .map(|(slots, hashes)| CoalescedSegment { slots, hashes: hashes.to_vec() })
-            .collect())
+        pieces
     }
 }
 
@@ -199,6 +227,26 @@ mod tests {
             let whole = segment_of(3).cut_around(indexes).expect_err("left whole");
             assert_eq!(names(&[whole]), vec![vec!["m0", "m1", "m2"]], "{indexes:?}");
         }
+    }
+
+    #[test]
+    fn a_segment_is_cut_where_its_leading_request_changes() {
+        let mut queue = PartitionQueue::default();
+        queue.add(1, [(0, message("a")), (1, message("b"))]);
+        queue.add(2, [(0, message("c"))]);
+        queue.add(3, [(0, message("b")), (1, message("d")), (2, message("e"))]);
+        let segment = queue.take_segment(10);
+        assert!(segment.all_named(&[4, 3, 9, 2, 1, 0]) && !segment.all_named(&[0, 1, 2, 3]));
+        // "b" of request 3 waits on request 1's slot: its leader decides.
+        let changes = segment.request_changes();
+        assert_eq!(changes, vec![2, 3]);
+        let pieces = segment.cut_at(&changes);
+        assert_eq!(names(&pieces), vec![vec!["a", "b"], vec!["c"], vec!["d", "e"]]);
+        for piece in &pieces {
+            let hashes: Vec<u8> = piece.slots.iter().flat_map(|s| s.message.hash).collect();
+            assert_eq!(piece.hashes, hashes, "each piece carries its own slots' hashes");
+        }
+        assert!(segment_of(3).request_changes().is_empty(), "one request leads every slot");
     }
 
     #[test]

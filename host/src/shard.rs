@@ -620,8 +620,10 @@ impl Worker {
     /// only, and the other pieces stay vouched instead of being read for
     /// over the whole span. The push function probes a later segment of a
     /// partition against the earlier ones of its bundle, so the cut changes
-    /// no verdict, and the pieces keep the messages' order. Scattered hits
-    /// leave the segment whole (one probe, not many small segments).
+    /// no verdict, and the pieces keep the messages' order. A segment of
+    /// hits only may be cut per request (see [`Worker::cut_replays`]);
+    /// scattered hits among fresh messages leave the segment whole (one
+    /// probe and one log row, not many small segments).
     ///
     /// The bundle carries its clock floor: the cache judged age by `now`, so
     /// its vouches hold only once PostgreSQL's clock is past `now` less the
@@ -638,9 +640,16 @@ impl Worker {
                         planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, None));
                     }
                 }
-                Err(segment) => {
-                    planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, Some(plan)));
-                }
+                Err(segment) => match self.cut_replays(now, partition_id, window_seconds, segment, &plan) {
+                    Ok(pieces) => {
+                        for (segment, plan) in pieces {
+                            planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, Some(plan)));
+                        }
+                    }
+                    Err(segment) => {
+                        planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, Some(plan)));
+                    }
+                },
             }
         }
         let cut: Vec<&InFlight> = planned.iter().filter(|(_, plan)| plan.is_none()).map(|(s, _)| s).collect();
@@ -669,6 +678,50 @@ impl Worker {
             segments.push(in_flight);
         }
         PlannedBundle { segments, pushes, clock_floor: self.clock_floor(now) }
+    }
+
+    /// Cuts a segment of replays only (every slot a local hit: likely all
+    /// duplicates, so no piece writes a log row) where its leading request
+    /// changes, when the cache floors each piece apart from the others. A
+    /// segment is probed from its lowest floor, and replays of different
+    /// requests are rarely one run of the log, so the probe of the whole
+    /// reads the span from the lowest original up; each piece is probed
+    /// from its own floor instead, usually one slice of one row. Pieces that
+    /// share a floor (old hits, floored at the start of a large run) would
+    /// each read that span again: then the segment stays whole.
+    fn cut_replays(
+        &mut self,
+        now: Millis,
+        partition_id: i64,
+        window_seconds: i32,
+        segment: CoalescedSegment,
+        plan: &Plan,
+    ) -> Result<Vec<(CoalescedSegment, Plan)>, CoalescedSegment> {
+        if !segment.all_named(&plan.local_hits) {
+            return Err(segment);
+        }
+        let changes = segment.request_changes();
+        if changes.is_empty() {
+            return Err(segment);
+        }
+        let window_ms = window_ms(window_seconds);
+        let bounds: Vec<usize> = std::iter::once(0).chain(changes.iter().copied()).chain([segment.slots.len()]).collect();
+        let queries: Vec<CacheSegment<'_>> = bounds
+            .windows(2)
+            .map(|piece| CacheSegment {
+                partition: partition_id,
+                window_ms,
+                hashes: &segment.hashes[16 * piece[0]..16 * piece[1]],
+            })
+            .collect();
+        let plans = self.cache_plan(now, &queries);
+        let mut floors: Vec<i64> = plans.iter().map(|plan| plan.p_verified).collect();
+        floors.sort_unstable();
+        floors.dedup();
+        if floors.len() < plans.len() {
+            return Err(segment);
+        }
+        Ok(segment.cut_at(&changes).into_iter().zip(plans).collect())
     }
 
     /// One plan call: the cache's answer for each segment, in order. A local

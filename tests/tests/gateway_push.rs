@@ -274,6 +274,51 @@ async fn eight_concurrent_pushes_of_one_id(options: &GatewayOptions) -> Vec<Stri
     thread_names(gw.pid())
 }
 
+/// Replays of many stored ids, one per request, sent at once by many
+/// connections to one partition: the shard coalesces them into segments of
+/// hits only, led by several requests (cut per request where the cache
+/// floors them apart), and every replay answers duplicate with its own
+/// original's id and offset, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replays_of_stored_ids_each_answer_their_own_original() {
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 10;
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut client = gw.client().await;
+    let mut originals = Vec::new();
+    for i in 0..TASKS * ROUNDS {
+        let id = format!("stored-{i}");
+        originals.push(client.push(vec![item("replay", "p", Some(&id), json!(i))]).await.remove(0));
+    }
+    assert!(originals.iter().all(Answer::queued));
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let (barrier, mut client) = (barrier.clone(), gw.client().await);
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for round in 0..ROUNDS {
+                barrier.wait().await;
+                // Scattered over the stored range, each task its own ids.
+                let i = (round * TASKS + task) * 37 % (TASKS * ROUNDS);
+                let id = format!("stored-{i}");
+                answers.push((i, client.push(vec![item("replay", "p", Some(&id), json!("again"))]).await.remove(0)));
+            }
+            answers
+        }));
+    }
+    for task in tasks {
+        for (i, answer) in task.await.expect("a replaying task") {
+            assert_eq!(answer.status, "duplicate", "stored-{i}: {answer:?}");
+            let original = &originals[i];
+            assert_eq!((&answer.message_id, answer.offset), (&original.message_id, original.offset), "stored-{i}");
+        }
+    }
+    let count = (TASKS * ROUNDS) as i64;
+    assert_eq!(stored_counts(&t, "replay").await, (count, count));
+}
+
 /// The names of a process's threads, as Linux reports them.
 fn thread_names(pid: i32) -> Vec<String> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the gateway's threads");

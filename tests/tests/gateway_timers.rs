@@ -262,3 +262,28 @@ async fn a_timer_rides_the_transaction() {
     let messages = wait_delivered(&t, "later", 1).await;
     assert_eq!(messages.iter().map(|m| m.transaction_id.as_str()).collect::<Vec<_>>(), vec!["t-2"]);
 }
+
+/// The firer sleeps until the next timer is due: with none pending it is
+/// told there is none (not one due now, which would make it look again at
+/// once, forever), and otherwise how long until the earliest.
+#[tokio::test]
+async fn the_next_due_time_is_none_without_timers_and_the_earliest_with_them() {
+    let t = TestDb::new().await;
+    assert_eq!(stile::db::timers::next_due(&t.db).await.unwrap(), None);
+    let c = t.client().await;
+    for (key, delay_ms) in [("late", 3_600_000_i64), ("soon", 600_000)] {
+        c.execute(
+            "SELECT stile.timers_apply(jsonb_build_array(jsonb_build_object('op', 'schedule', 'queue', 'q', \
+             'timerKey', $1::text, 'partition', 'p0', 'txn', $1::text, 'messageId', gen_random_uuid(), \
+             'payload', '{}'::jsonb, 'delayMs', $2::bigint)))",
+            &[&key, &delay_ms],
+        )
+        .await
+        .unwrap();
+    }
+    let due = stile::db::timers::next_due(&t.db).await.unwrap().expect("two timers pending");
+    assert!(due > Duration::from_secs(590) && due <= Duration::from_secs(600), "{due:?}");
+    c.execute("DELETE FROM stile.timers WHERE timer_key = 'soon'", &[]).await.unwrap();
+    let due = stile::db::timers::next_due(&t.db).await.unwrap().expect("one timer pending");
+    assert!(due > Duration::from_secs(3_590), "{due:?}");
+}

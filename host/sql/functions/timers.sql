@@ -102,13 +102,19 @@ END
 $$;
 
 -- Milliseconds until the next timer is due (0 when one is), null when none.
+-- (greatest() ignores a NULL argument: the earliest time is tested first, or
+-- an empty table would read as a timer due now.)
 CREATE OR REPLACE FUNCTION stile.timers_next_due_ms()
 RETURNS bigint
 LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+    v_next timestamptz := (SELECT min(t.deliver_at) FROM stile.timers t);
 BEGIN
-    RETURN (SELECT greatest(0, ceil(extract(epoch FROM min(t.deliver_at) - clock_timestamp()) * 1000))::bigint
-              FROM stile.timers t);
+    IF v_next IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN greatest(0, ceil(extract(epoch FROM v_next - clock_timestamp()) * 1000))::bigint;
 END
 $$;
 
