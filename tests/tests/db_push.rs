@@ -452,6 +452,44 @@ async fn min_picks_the_first_occurrence() {
     assert_eq!(placed(&dups), vec![(1, 2)]);
 }
 
+/// Replays of old messages the cache cannot floor are probed over the whole
+/// span: with up to four hashes, the span's first row holding any of them is
+/// tried first, and answers when it holds them all; otherwise every row of
+/// the span is read. Either way each hash is answered with its original.
+#[tokio::test]
+async fn a_full_probe_of_up_to_four_hashes_answers_from_the_first_row_holding_any_or_from_the_span() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let big: Vec<String> = (0..50).map(|i| format!("m{i}")).collect();
+    let big: Vec<&str> = big.iter().map(String::as_str).collect();
+    let rows = [segment(p.id, &["a", "b"], -1, 3600), segment(p.id, &big, -1, 3600), segment(p.id, &["c"], -1, 3600)];
+    let mut ids: Vec<uuid::Uuid> = Vec::new();
+    for s in rows {
+        ids.extend(&s.message_ids);
+        t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
+    }
+    let full = |txns: &[&str]| segment(p.id, txns, -1, 3600);
+    // Scattered in one row, not a run: answered from that row.
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[full(&["m40", "m3", "m17"])]).await.unwrap();
+    assert_eq!(out[0].probe, ProbeMode::Full);
+    assert_eq!(named(&out[0].duplicates), vec![(0, 42, ids[42]), (1, 5, ids[5]), (2, 19, ids[19])]);
+    assert_eq!(stored_at(&out[0]), None);
+    // In three rows: the first row holding any is not enough, the span is read.
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[full(&["c", "m9", "b", "m0"])]).await.unwrap();
+    assert_eq!(named(&out[0].duplicates), vec![(0, 52, ids[52]), (1, 11, ids[11]), (2, 1, ids[1]), (3, 2, ids[2])]);
+    // Stored ids among new ones: the new ones are stored, in order.
+    let mixed = full(&["n1", "m49", "n2"]);
+    let new_ids = [mixed.message_ids[0], mixed.message_ids[2]];
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[mixed]).await.unwrap();
+    assert_eq!(named(&out[0].duplicates), vec![(1, 51, ids[51])]);
+    assert_eq!(stored_at(&out[0]), Some(53));
+    // None stored: nothing found, both stored.
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[full(&["n3", "n4"])]).await.unwrap();
+    assert_eq!((out[0].duplicates.len(), stored_at(&out[0])), (0, Some(55)));
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[full(&["n2", "n1"])]).await.unwrap();
+    assert_eq!(named(&out[0].duplicates), vec![(0, 54, new_ids[1]), (1, 53, new_ids[0])]);
+}
+
 #[tokio::test]
 async fn past_four_hashes_a_row_below_the_tried_one_holding_another_hash_sends_the_probe_over_the_span() {
     let t = TestDb::new().await;

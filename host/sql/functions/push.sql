@@ -155,8 +155,10 @@ $$;
 -- hash of the segment (a retry floored at or just below its original by the
 -- cache): the span's first row whose bytes hold any of the segment's first 4
 -- hashes, when no row of the span below it holds any of the others. Each
--- hash's first occurrence is then there, and so are the messages' ids.
--- Otherwise it reads every row of the span.
+-- hash's first occurrence is then there, and so are the messages' ids. A
+-- full probe of up to 4 hashes tries that row too (with at most 4, no row
+-- below the first holding any of them holds another). Otherwise it reads
+-- every row of the span.
 CREATE OR REPLACE FUNCTION stile.probe(
     p_pid bigint,
     p_from bigint,
@@ -255,8 +257,12 @@ BEGIN
                 RETURN;
             END IF;
         END IF;
+    END IF;
 
-        -- Otherwise: the span's first row whose bytes hold any of the
+    IF p_narrowed OR v_count <= 4 THEN
+        -- Otherwise, and in a full span for up to 4 hashes (replays of old
+        -- messages, which the cache floors at the start of a large run or
+        -- not at all): the span's first row whose bytes hold any of the
         -- segment's first 4 hashes, each row's hashes detoasted once, below
         -- the filter (each use of a toasted column fetches it anew). The
         -- fence keeps the index's order, so the limit still stops at the
