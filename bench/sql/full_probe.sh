@@ -8,18 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rev="${1:-}"
-db="stile_t_fullprobe_$$"
-conn=(-h "${PGHOST:-127.0.0.1}" -U "${PGUSER:-postgres}")
-psql "${conn[@]}" -d postgres -qc "CREATE DATABASE $db"
-trap 'psql "${conn[@]}" -d postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)"' EXIT
-port=$((20000 + $$ % 20000))
-target/release/stile serve --listen "127.0.0.1:$port" --database-url "host=${PGHOST:-127.0.0.1} user=${PGUSER:-postgres} dbname=$db" >/dev/null 2>&1 &
-gw=$!
-until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-    kill -0 "$gw" 2>/dev/null || { echo "the gateway exited before it served" >&2; exit 1; }
-    sleep 0.2
-done
-kill $gw; wait $gw || true
+source bench/sql/fresh_database.sh full_probe
 if [ -n "$rev" ]; then git show "$rev:host/sql/functions/push.sql" | psql "${conn[@]}" -d "$db" -q -v ON_ERROR_STOP=1 -o /dev/null; fi
 psql "${conn[@]}" -d "$db" -q -v ON_ERROR_STOP=1 -o /dev/null <<'SQL'
 SELECT stile.resolve_partition('q', 'p0');

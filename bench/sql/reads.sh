@@ -12,19 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-5}"
 rev="${2:-}"
-db="stile_t_reads_$$"
-conn=(-h "${PGHOST:-127.0.0.1}" -U "${PGUSER:-postgres}")
-psql "${conn[@]}" -d postgres -qc "CREATE DATABASE $db"
-trap 'psql "${conn[@]}" -d postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)"' EXIT
-port=$((20000 + $$ % 20000))
-target/release/stile serve --listen "127.0.0.1:$port" \
-    --database-url "host=${PGHOST:-127.0.0.1} user=${PGUSER:-postgres} dbname=$db" >/dev/null 2>&1 &
-gateway=$!
-until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-    kill -0 "$gateway" 2>/dev/null || { echo "the gateway exited before it served" >&2; exit 1; }
-    sleep 0.2
-done
-kill "$gateway"; wait "$gateway" || true
+source bench/sql/fresh_database.sh reads
 if [ -n "$rev" ]; then
     for f in partitions push configure reads retention kv timers; do
         git show "$rev:host/sql/functions/$f.sql"
