@@ -640,16 +640,11 @@ impl Worker {
                         planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, None));
                     }
                 }
-                Err(segment) => match self.cut_replays(now, partition_id, window_seconds, segment, &plan) {
-                    Ok(pieces) => {
-                        for (segment, plan) in pieces {
-                            planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, Some(plan)));
-                        }
-                    }
-                    Err(segment) => {
+                Err(segment) => {
+                    for (segment, plan) in self.cut_replays(now, partition_id, window_seconds, segment, plan) {
                         planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, Some(plan)));
                     }
-                },
+                }
             }
         }
         let cut: Vec<&InFlight> = planned.iter().filter(|(_, plan)| plan.is_none()).map(|(s, _)| s).collect();
@@ -688,21 +683,19 @@ impl Worker {
     /// reads the span from the lowest original up; each piece is probed
     /// from its own floor instead, usually one slice of one row. Pieces that
     /// share a floor (old hits, floored at the start of a large run) would
-    /// each read that span again: then the segment stays whole.
+    /// each read that span again: then the segment stays whole, with its
+    /// own plan.
     fn cut_replays(
         &mut self,
         now: Millis,
         partition_id: i64,
         window_seconds: i32,
         segment: CoalescedSegment,
-        plan: &Plan,
-    ) -> Result<Vec<(CoalescedSegment, Plan)>, CoalescedSegment> {
-        if !segment.all_named(&plan.local_hits) {
-            return Err(segment);
-        }
-        let changes = segment.request_changes();
+        plan: Plan,
+    ) -> Vec<(CoalescedSegment, Plan)> {
+        let changes = if segment.all_named(&plan.local_hits) { segment.request_changes() } else { Vec::new() };
         if changes.is_empty() {
-            return Err(segment);
+            return vec![(segment, plan)];
         }
         let window_ms = window_ms(window_seconds);
         let bounds: Vec<usize> = std::iter::once(0).chain(changes.iter().copied()).chain([segment.slots.len()]).collect();
@@ -719,9 +712,9 @@ impl Worker {
         floors.sort_unstable();
         floors.dedup();
         if floors.len() < plans.len() {
-            return Err(segment);
+            return vec![(segment, plan)];
         }
-        Ok(segment.cut_at(&changes).into_iter().zip(plans).collect())
+        segment.cut_at(&changes).into_iter().zip(plans).collect()
     }
 
     /// One plan call: the cache's answer for each segment, in order. A local
