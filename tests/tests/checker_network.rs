@@ -62,9 +62,10 @@ async fn exact_through_latency_loss_a_partition_and_resets_between_gateways_and_
     // A fault's recovery is the first answer after its end, whatever
     // follows: when the next fault begins before any answer, the wait runs
     // on through it. So the gap after the loss outlasts an attempt's timeout
-    // (5 s) beside a chunk lost three times in a row (1.4 s late); with 2 s,
-    // producers still waiting on stalled attempts when the partition began
-    // made the loss look unrecovered until the partition ended.
+    // (5 s) beside a chunk lost three times in a row (1.4 s late). With 2 s,
+    // one run read the loss as recovered 10.02 s after its end, the moment
+    // the partition ended: producers still waiting on stalled attempts when
+    // the partition began would read so.
     let mut config = config(&t.url(), 44);
     config.faults = Faults {
         latency: Some(LatencyFault {
