@@ -1,8 +1,8 @@
 //! Configure: creation from defaults, merge, null, replace, refusals.
 
 use serde_json::{Map, Value, json};
-use stile::db::{ConfigureError, ConfigureMode};
-use stile_tests::pg::TestDb;
+use stile::db::{ClockFloor, ConfigureError, ConfigureMode};
+use stile_tests::pg::{TestDb, segment};
 
 fn defaults() -> Value {
     json!({
@@ -146,4 +146,61 @@ async fn bad_keys_and_values_are_refused_by_name_and_nothing_is_written() {
         Err(ConfigureError::Invalid(message)) => assert!(message.starts_with("queue:"), "{message}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
+}
+
+/// The window of each partition's queue, as the partition's row keeps it.
+async fn partition_windows(t: &TestDb) -> Vec<(String, String, i32)> {
+    t.client()
+        .await
+        .query("SELECT queue, name, dedup_window_seconds FROM stile.partitions ORDER BY queue, name", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get("queue"), r.get("name"), r.get("dedup_window_seconds")))
+        .collect()
+}
+
+fn windows(expected: &[(&str, &str, i32)]) -> Vec<(String, String, i32)> {
+    expected.iter().map(|&(q, p, w)| (q.to_owned(), p.to_owned(), w)).collect()
+}
+
+/// The push reads a queue's window from each partition's row: every way a
+/// queue or a partition is written keeps that copy equal to the queue's,
+/// and the push decides by it.
+#[tokio::test]
+async fn every_partition_keeps_its_queues_window_whoever_writes_it() {
+    let t = TestDb::new().await;
+    let a = t.db.resolve_partition("q", "a").await.unwrap();
+    t.db.resolve_partition("other", "a").await.unwrap();
+    t.db.configure("q", &opts(json!({"dedupWindowSeconds": 60})), ConfigureMode::Merge).await.unwrap();
+    t.db.resolve_partition("q", "b").await.unwrap();
+    assert_eq!(partition_windows(&t).await, windows(&[("other", "a", 3600), ("q", "a", 60), ("q", "b", 60)]));
+    assert_eq!(t.db.resolve_partition("q", "a").await.unwrap().window_seconds, 60);
+
+    // Options other than the window leave the copies alone; a replace that
+    // resets the window to its default reaches them.
+    t.db.configure("q", &opts(json!({"retryLimit": 5})), ConfigureMode::Merge).await.unwrap();
+    assert_eq!(partition_windows(&t).await, windows(&[("other", "a", 3600), ("q", "a", 60), ("q", "b", 60)]));
+    t.db.configure("q", &opts(json!({"retryLimit": 5})), ConfigureMode::Replace).await.unwrap();
+    assert_eq!(partition_windows(&t).await, windows(&[("other", "a", 3600), ("q", "a", 3600), ("q", "b", 3600)]));
+
+    // Plain SQL on the queue reaches them too.
+    let c = t.client().await;
+    c.execute("UPDATE stile.queues SET dedup_window_seconds = 0 WHERE name = 'q'", &[]).await.unwrap();
+    assert_eq!(partition_windows(&t).await, windows(&[("other", "a", 3600), ("q", "a", 0), ("q", "b", 0)]));
+    c.execute("INSERT INTO stile.partitions (queue, name, dedup_window_seconds) VALUES ('q', 'c', 99)", &[]).await.unwrap();
+    assert_eq!(partition_windows(&t).await[3], ("q".to_owned(), "c".to_owned(), 0), "a new partition takes its queue's");
+
+    // The push decides by the copy: with the window at 0 an id is stored
+    // again; at an hour it is a duplicate of its first copy.
+    let push = |txn: &'static str| {
+        let db = t.db.clone();
+        async move { db.push_bundle(ClockFloor::EPOCH, &[segment(a.id, &[txn], -1, 3600)]).await.unwrap().remove(0) }
+    };
+    assert!(push("x").await.stored.is_some());
+    assert!(push("x").await.stored.is_some(), "no window: stored again");
+    c.execute("UPDATE stile.queues SET dedup_window_seconds = 3600 WHERE name = 'q'", &[]).await.unwrap();
+    let again = push("x").await;
+    assert!(again.stored.is_none());
+    assert_eq!(again.duplicates.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(0, 0)]);
 }

@@ -136,6 +136,36 @@ async fn a_later_migration_that_drops_a_function_leaves_it_defined() {
     assert_eq!(defaults(older.client().await).await.expect("option_defaults is defined"), "3600");
 }
 
+/// Version 5 copies each queue's window onto its partitions' rows, where the
+/// push reads it: a database of version 4 keeps its queues' windows, and
+/// from then on every writer of a queue or a partition keeps the copies
+/// equal (see `db_configure::every_partition_keeps_its_queues_window_whoever_writes_it`).
+#[tokio::test]
+async fn the_queues_windows_are_copied_onto_their_partitions() {
+    let t = TestDb::unmigrated(1).await;
+    let before_v5: Vec<Migration> = MIGRATIONS.iter().copied().filter(|m| m.version < 5).collect();
+    t.db.migrate_with(&before_v5).await.unwrap();
+    let c = t.client().await;
+    c.batch_execute(
+        "INSERT INTO stile.queues (name, dedup_window_seconds) VALUES ('hour', 3600), ('off', 0), ('minute', 60); \
+         INSERT INTO stile.partitions (queue, name) VALUES ('hour', 'a'), ('off', 'a'), ('minute', 'a'), ('minute', 'b')",
+    )
+    .await
+    .unwrap();
+    t.db.migrate().await.unwrap();
+    assert_eq!(applied(&t).await, all_versions());
+    let copies: Vec<(String, String, i32)> = c
+        .query("SELECT queue, name, dedup_window_seconds FROM stile.partitions ORDER BY queue, name", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get("queue"), r.get("name"), r.get("dedup_window_seconds")))
+        .collect();
+    let expected = [("hour", "a", 3600), ("minute", "a", 60), ("minute", "b", 60), ("off", "a", 0)];
+    assert_eq!(copies, expected.map(|(q, p, w)| (q.to_owned(), p.to_owned(), w)));
+    assert_eq!(t.db.resolve_partition("minute", "b").await.unwrap().window_seconds, 60);
+}
+
 #[tokio::test]
 async fn an_unreachable_database_is_unavailable() {
     let e = Db::connect("host=127.0.0.1 port=1 user=nobody dbname=x connect_timeout=2", 1).await.unwrap_err();

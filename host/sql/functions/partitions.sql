@@ -15,9 +15,10 @@
 -- Queues and partitions
 ------------------------------------------------------------------------------
 
--- Returns a partition's id, its queue's dedup window, its allocator and its
--- purge watermark, creating the queue (from defaults) and the partition on
--- first use. Race-safe: INSERT ... ON CONFLICT DO NOTHING waits for a
+-- Returns a partition's id, its queue's dedup window (the partition row's
+-- copy, see host/sql/migrations/0005_partition_window.sql), its allocator and
+-- its purge watermark, creating the queue (from defaults) and the partition
+-- on first use. Race-safe: INSERT ... ON CONFLICT DO NOTHING waits for a
 -- concurrent creator, and the SELECT after it (a new snapshot) sees its row.
 CREATE OR REPLACE FUNCTION stile.resolve_partition(
     p_queue text,
@@ -31,10 +32,9 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 BEGIN
-    SELECT p.id, q.dedup_window_seconds, p.last_offset, p.txns_start
+    SELECT p.id, p.dedup_window_seconds, p.last_offset, p.txns_start
       INTO partition_id, window_seconds, last_offset, txns_start
       FROM stile.partitions p
-      JOIN stile.queues q ON q.name = p.queue
      WHERE p.queue = p_queue AND p.name = p_partition;
     IF FOUND THEN
         RETURN;
@@ -46,10 +46,9 @@ BEGIN
     END IF;
     INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
     INSERT INTO stile.partitions (queue, name) VALUES (p_queue, p_partition) ON CONFLICT DO NOTHING;
-    SELECT p.id, q.dedup_window_seconds, p.last_offset, p.txns_start
+    SELECT p.id, p.dedup_window_seconds, p.last_offset, p.txns_start
       INTO STRICT partition_id, window_seconds, last_offset, txns_start
       FROM stile.partitions p
-      JOIN stile.queues q ON q.name = p.queue
      WHERE p.queue = p_queue AND p.name = p_partition;
 END
 $$;

@@ -10,52 +10,23 @@ AS $$
     SELECT encode(substring(p_message_ids FROM 16 * p_idx + 1 FOR 16), 'hex')::uuid
 $$;
 
--- Checks the shapes of a bundle (see stile.push) and returns the order its
--- segments are processed in: ascending partition id, a partition's segments
--- in their order, so that row locks are taken in the one global lock order.
--- NULL when the segments are in that order already (a stile gateway sends
--- them so). A malformed bundle is refused whole, before anything is written.
-CREATE OR REPLACE FUNCTION stile.push_order(
-    p_partition_ids bigint[],
-    p_verified bigint[],
-    p_planned_windows integer[],
-    p_counts integer[],
-    p_hashes bytea[],
-    p_message_ids bytea[],
-    p_transaction_ids text[],
-    p_payloads text[]
-)
+-- The order a bundle's segments are processed in: ascending partition id, a
+-- partition's segments in their order, so that row locks are taken in the
+-- one global lock order. NULL when they are in that order already (a stile
+-- gateway sends them so): then this is one pass of comparisons.
+DROP FUNCTION IF EXISTS stile.push_order(bigint[], bigint[], integer[], integer[], bytea[], bytea[], text[], text[]);
+CREATE OR REPLACE FUNCTION stile.lock_order(p_partition_ids bigint[])
 RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE
 AS $$
-DECLARE
-    v_n integer := coalesce(cardinality(p_partition_ids), 0);
-    v_count integer;
-    v_sorted boolean := true;
 BEGIN
-    IF coalesce(cardinality(p_verified), 0) <> v_n OR coalesce(cardinality(p_planned_windows), 0) <> v_n
-       OR coalesce(cardinality(p_counts), 0) <> v_n OR coalesce(cardinality(p_hashes), 0) <> v_n
-       OR coalesce(cardinality(p_message_ids), 0) <> v_n OR coalesce(cardinality(p_transaction_ids), 0) <> v_n
-       OR coalesce(cardinality(p_payloads), 0) <> v_n THEN
-        RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    FOR i IN 1 .. v_n LOOP
-        v_count := p_counts[i];
-        IF v_count IS NULL OR v_count < 1 OR p_partition_ids[i] IS NULL
-           OR length(p_hashes[i]) IS DISTINCT FROM 16 * v_count
-           OR length(p_message_ids[i]) IS DISTINCT FROM 16 * v_count
-           OR p_transaction_ids[i] IS NULL OR p_payloads[i] IS NULL THEN
-            RAISE EXCEPTION 'stile.push: segment % has % messages, % hash bytes and % message id bytes',
-                i - 1, v_count, length(p_hashes[i]), length(p_message_ids[i])
-                USING ERRCODE = 'invalid_parameter_value';
+    FOR i IN 2 .. coalesce(cardinality(p_partition_ids), 0) LOOP
+        IF p_partition_ids[i - 1] > p_partition_ids[i] THEN
+            RETURN ARRAY(SELECT j FROM generate_series(1, cardinality(p_partition_ids)) AS j
+                          ORDER BY p_partition_ids[j], j);
         END IF;
-        v_sorted := v_sorted AND (i = 1 OR p_partition_ids[i - 1] <= p_partition_ids[i]);
     END LOOP;
-    IF v_sorted THEN
-        RETURN NULL;
-    END IF;
-    RETURN ARRAY(SELECT i FROM generate_series(1, v_n) AS i ORDER BY p_partition_ids[i], i);
+    RETURN NULL;
 END
 $$;
 
@@ -511,8 +482,8 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_order integer[] := stile.push_order(p_partition_ids, p_verified, p_planned_windows, p_counts, p_hashes,
-                                          p_message_ids, p_transaction_ids, p_payloads);
+    v_n integer := coalesce(cardinality(p_partition_ids), 0);
+    v_order integer[] := stile.lock_order(p_partition_ids);
     -- The earliest clock at which the cache's vouches hold (none for NULL).
     v_floor timestamptz := CASE WHEN p_clock_floor_ms IS NULL OR p_clock_floor_ms > 253402300799999 THEN 'infinity'
                                 WHEN p_clock_floor_ms < 0 THEN '-infinity'
@@ -531,10 +502,27 @@ DECLARE
     v_kept record;
     v_stored boolean := false;  -- whether any segment wrote a log row
 BEGIN
-    FOR j IN 1 .. coalesce(cardinality(p_partition_ids), 0) LOOP
+    IF coalesce(cardinality(p_verified), 0) <> v_n OR coalesce(cardinality(p_planned_windows), 0) <> v_n
+       OR coalesce(cardinality(p_counts), 0) <> v_n OR coalesce(cardinality(p_hashes), 0) <> v_n
+       OR coalesce(cardinality(p_message_ids), 0) <> v_n OR coalesce(cardinality(p_transaction_ids), 0) <> v_n
+       OR coalesce(cardinality(p_payloads), 0) <> v_n THEN
+        RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR j IN 1 .. v_n LOOP
         i := coalesce(v_order[j], j);
         v_pid := p_partition_ids[i];
         v_count := p_counts[i];
+        -- A malformed segment fails the call, which rolls back every
+        -- segment before it: the bundle is refused whole.
+        IF v_count IS NULL OR v_count < 1 OR v_pid IS NULL
+           OR length(p_hashes[i]) IS DISTINCT FROM 16 * v_count
+           OR length(p_message_ids[i]) IS DISTINCT FROM 16 * v_count
+           OR p_transaction_ids[i] IS NULL OR p_payloads[i] IS NULL THEN
+            RAISE EXCEPTION 'stile.push: segment % has % messages, % hash bytes and % message id bytes',
+                i - 1, v_count, length(p_hashes[i]), length(p_message_ids[i])
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
         v_now := clock_timestamp();
         seg := i - 1;
         clock_ms := floor(extract(epoch FROM v_now) * 1000)::bigint;
@@ -548,12 +536,11 @@ BEGIN
             WITH allocated AS (
                 UPDATE stile.partitions p
                    SET last_offset = p.last_offset + v_count
-                  FROM stile.queues q
-                 WHERE p.id = v_pid AND q.name = p.queue
-                   AND (q.dedup_window_seconds = 0
-                        OR p.last_offset <= stile.probe_from(p_verified[i], p_planned_windows[i], q.dedup_window_seconds,
+                 WHERE p.id = v_pid
+                   AND (p.dedup_window_seconds = 0
+                        OR p.last_offset <= stile.probe_from(p_verified[i], p_planned_windows[i], p.dedup_window_seconds,
                                                              v_now, v_floor, p.last_offset, p.txns_start))
-                RETURNING p.last_offset, p.txns_start, q.dedup_window_seconds
+                RETURNING p.last_offset, p.txns_start, p.dedup_window_seconds
             ), stored AS (
                 INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
                                        transaction_ids, payloads)
@@ -573,8 +560,7 @@ BEGIN
                 RETURN NEXT;
                 CONTINUE;
             END IF;
-            SELECT p.last_offset, p.txns_start,
-                   (SELECT q.dedup_window_seconds FROM stile.queues q WHERE q.name = p.queue)
+            SELECT p.last_offset, p.txns_start, p.dedup_window_seconds
               INTO v_last, v_start, v_window
               FROM stile.partitions p
              WHERE p.id = v_pid

@@ -22,6 +22,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 2, name: "functions", sql: "" },
     Migration { version: 3, name: "kv and timers", sql: include_str!("../../sql/migrations/0003_kv_timers.sql") },
     Migration { version: 4, name: "log", sql: include_str!("../../sql/migrations/0004_log.sql") },
+    Migration { version: 5, name: "partition window", sql: include_str!("../../sql/migrations/0005_partition_window.sql") },
 ];
 
 /// The functions (and views) the gateway and its readers use. Unlike the
