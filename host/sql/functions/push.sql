@@ -499,6 +499,8 @@ DECLARE
     v_from bigint;
     v_now timestamptz;
     v_narrowed boolean;
+    v_vouch bigint;       -- p_verified, or -1 where the clock floor voids it
+    v_planned integer;    -- the window the cache planned under
     v_kept record;
     v_stored boolean := false;  -- whether any segment wrote a log row
 BEGIN
@@ -530,26 +532,28 @@ BEGIN
         dup_off := NULL;
         dup_ids := NULL;
         IF v_pid IS DISTINCT FROM v_locked_pid THEN
-            -- The verdict, the allocation and the store in one statement
-            -- (see above): the row is written only if the allocator's
-            -- UPDATE found its condition true.
-            WITH allocated AS (
-                UPDATE stile.partitions p
-                   SET last_offset = p.last_offset + v_count
-                 WHERE p.id = v_pid
-                   AND (p.dedup_window_seconds = 0
-                        OR p.last_offset <= stile.probe_from(p_verified[i], p_planned_windows[i], p.dedup_window_seconds,
-                                                             v_now, v_floor, p.last_offset, p.txns_start))
-                RETURNING p.last_offset, p.txns_start, p.dedup_window_seconds
-            ), stored AS (
+            -- The verdict and the allocation in one statement: the
+            -- allocator's UPDATE finds its row only where its condition,
+            -- evaluated on the row it locks (the latest version), holds:
+            -- window 0, or last_offset <= stile.probe_from(...), which holds
+            -- exactly when nothing is stored above the purge watermark or
+            -- the vouch covers every stored offset (void under a window
+            -- longer than planned, or with this clock behind the floor).
+            -- Its parts that do not depend on the row are computed here:
+            -- PostgreSQL compiles a statement's condition on every run.
+            v_vouch := CASE WHEN v_now < v_floor THEN -1 ELSE greatest(coalesce(p_verified[i], -1), -1) END;
+            v_planned := coalesce(p_planned_windows[i], 0);
+            UPDATE stile.partitions p
+               SET last_offset = p.last_offset + v_count
+             WHERE p.id = v_pid
+               AND (p.dedup_window_seconds = 0 OR p.last_offset < p.txns_start
+                    OR p.last_offset <= CASE WHEN p.dedup_window_seconds > v_planned THEN -1 ELSE v_vouch END)
+            RETURNING p.last_offset, p.txns_start, p.dedup_window_seconds INTO v_last, v_start, v_window;
+            IF FOUND THEN
                 INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
                                        transaction_ids, payloads)
-                SELECT v_pid, a.last_offset, a.last_offset - v_count + 1, v_now, p_hashes[i], p_message_ids[i],
-                       p_transaction_ids[i], p_payloads[i]
-                  FROM allocated a
-            )
-            SELECT a.last_offset, a.txns_start, a.dedup_window_seconds INTO v_last, v_start, v_window FROM allocated a;
-            IF FOUND THEN
+                VALUES (v_pid, v_last, v_last - v_count + 1, v_now, p_hashes[i], p_message_ids[i],
+                        p_transaction_ids[i], p_payloads[i]);
                 v_locked := v_last - v_count;
                 probe := CASE WHEN v_window = 0 THEN 'off' ELSE 'skipped' END;
                 window_seconds := v_window;
