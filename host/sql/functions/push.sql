@@ -88,30 +88,30 @@ BEGIN
 END
 $$;
 
--- The offset above which a segment is probed: above what the cache vouched
--- for, unless the vouch is void, and never below the purge watermark. The
--- cache planned under a window, judged age by a time, and vouched for
--- offsets that existed when it planned: under a longer window now, or with
--- this clock behind that time, it vouches for nothing, and it never vouches
--- above the allocator at lock time (a later segment of a partition in a
--- bundle is probed against the earlier ones). LANGUAGE sql and IMMUTABLE: it
--- is inlined into the expression that calls it.
-CREATE OR REPLACE FUNCTION stile.probe_from(
-    p_verified bigint,
-    p_planned_window integer,
-    p_window integer,
-    p_now timestamptz,
-    p_floor timestamptz,
-    p_locked bigint,
-    p_start bigint
-)
+-- What the cache vouches for under the partition's window: p_vouch (its
+-- verified_upto, or -1 where the clock floor voids it) when it planned under
+-- this window or a longer one, else nothing (-1). The cache vouched for
+-- offsets whose hashes it held for the window it planned under; under a
+-- longer window it may have let older ones go. The one place this rule is
+-- written: the allocator's condition and the probe's bound both use it.
+-- LANGUAGE sql and IMMUTABLE: it is inlined into the statement that calls it.
+CREATE OR REPLACE FUNCTION stile.vouched_upto(p_vouch bigint, p_planned_window integer, p_window integer)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT greatest(least(CASE WHEN p_window > coalesce(p_planned_window, 0) OR p_now < p_floor THEN -1
-                               ELSE greatest(coalesce(p_verified, -1), -1) END,
-                          p_locked),
-                    p_start - 1)
+    SELECT CASE WHEN p_window > p_planned_window THEN -1 ELSE p_vouch END
+$$;
+
+-- The offset above which a segment is probed: above what the cache vouches
+-- for (stile.vouched_upto), never above the allocator at lock time (a later
+-- segment of a partition in a bundle is probed against the earlier ones),
+-- and never below the purge watermark. Inlined, as above.
+DROP FUNCTION IF EXISTS stile.probe_from(bigint, integer, integer, timestamptz, timestamptz, bigint, bigint);
+CREATE OR REPLACE FUNCTION stile.probe_from(p_vouched bigint, p_locked bigint, p_start bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT greatest(least(p_vouched, p_locked), p_start - 1)
 $$;
 
 -- The probe of one segment, under its partition's row lock: its hashes
@@ -531,23 +531,23 @@ BEGIN
         dup_idx := NULL;
         dup_off := NULL;
         dup_ids := NULL;
+        -- The parts of the vouch that do not depend on the partition's row
+        -- are computed here, once: PostgreSQL compiles a statement's
+        -- condition on every run.
+        v_vouch := CASE WHEN v_now < v_floor THEN -1 ELSE greatest(coalesce(p_verified[i], -1), -1) END;
+        v_planned := coalesce(p_planned_windows[i], 0);
         IF v_pid IS DISTINCT FROM v_locked_pid THEN
             -- The verdict and the allocation in one statement: the
             -- allocator's UPDATE finds its row only where its condition,
             -- evaluated on the row it locks (the latest version), holds:
             -- window 0, or last_offset <= stile.probe_from(...), which holds
             -- exactly when nothing is stored above the purge watermark or
-            -- the vouch covers every stored offset (void under a window
-            -- longer than planned, or with this clock behind the floor).
-            -- Its parts that do not depend on the row are computed here:
-            -- PostgreSQL compiles a statement's condition on every run.
-            v_vouch := CASE WHEN v_now < v_floor THEN -1 ELSE greatest(coalesce(p_verified[i], -1), -1) END;
-            v_planned := coalesce(p_planned_windows[i], 0);
+            -- the vouch covers every stored offset.
             UPDATE stile.partitions p
                SET last_offset = p.last_offset + v_count
              WHERE p.id = v_pid
                AND (p.dedup_window_seconds = 0 OR p.last_offset < p.txns_start
-                    OR p.last_offset <= CASE WHEN p.dedup_window_seconds > v_planned THEN -1 ELSE v_vouch END)
+                    OR p.last_offset <= stile.vouched_upto(v_vouch, v_planned, p.dedup_window_seconds))
             RETURNING p.last_offset, p.txns_start, p.dedup_window_seconds INTO v_last, v_start, v_window;
             IF FOUND THEN
                 INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
@@ -576,7 +576,7 @@ BEGIN
             v_locked := v_last;
             v_locked_pid := v_pid;
         END IF;
-        v_from := stile.probe_from(p_verified[i], p_planned_windows[i], v_window, v_now, v_floor, v_locked, v_start);
+        v_from := stile.probe_from(stile.vouched_upto(v_vouch, v_planned, v_window), v_locked, v_start);
         probe := CASE WHEN v_window = 0 THEN 'off' WHEN v_last <= v_from THEN 'skipped'
                       WHEN v_from >= v_start THEN 'narrowed' ELSE 'full' END;
         IF probe IN ('narrowed', 'full') THEN
