@@ -45,7 +45,7 @@ pub struct PushResult {
 pub struct Gateway {
     db: Db,
     shards: Vec<ShardHandle>,
-    metadata: Mutex<HashMap<(String, String), MetaRead>>,
+    metadata: Mutex<PartitionMemo>,
     metrics: Arc<Metrics>,
 }
 
@@ -65,7 +65,7 @@ pub struct PushedInTransaction {
 impl Gateway {
     pub fn new(db: Db, shards: Vec<ShardHandle>, metrics: Arc<Metrics>) -> Gateway {
         assert!(!shards.is_empty(), "a gateway needs at least one shard");
-        Gateway { db, shards, metadata: Mutex::new(HashMap::new()), metrics }
+        Gateway { db, shards, metadata: Mutex::new(PartitionMemo::default()), metrics }
     }
 
     pub fn db(&self) -> &Db {
@@ -144,7 +144,7 @@ impl Gateway {
                 planned_window_seconds: meta.window_seconds,
                 hashes,
                 message_ids: messages.iter().map(|m| m.message_id).collect(),
-                transaction_ids: messages.iter().map(|m| m.transaction_id.to_string()).collect(),
+                transaction_ids: messages.iter().map(|m| m.transaction_id.clone()).collect(),
                 payloads: messages.iter().map(|m| m.payload.clone()).collect(),
             });
         }
@@ -197,7 +197,7 @@ impl Gateway {
     /// A partition's metadata, memoised for [`METADATA_TTL`]; created in
     /// PostgreSQL on first use.
     /// Answers the metadata with the instant it was read from PostgreSQL.
-    async fn partition(&self, queue: &str, partition: &str) -> Result<MetaRead, PushFailure> {
+    async fn partition(&self, queue: &ByteString, partition: &ByteString) -> Result<MetaRead, PushFailure> {
         self.partition_meta(queue, partition).await.map_err(|error| {
             if error.is_unavailable() {
                 PushFailure::Unavailable(error.to_string())
@@ -207,24 +207,19 @@ impl Gateway {
         })
     }
 
-    async fn partition_meta(&self, queue: &str, partition: &str) -> Result<MetaRead, DbError> {
+    async fn partition_meta(&self, queue: &ByteString, partition: &ByteString) -> Result<MetaRead, DbError> {
         if let Some(memoised) = self.memoised(PartitionName { queue, partition }) {
             return Ok(memoised);
         }
         let meta = self.db.resolve_partition(queue, partition).await?;
-        let mut memo = self.metadata.lock().expect("not poisoned");
-        if memo.len() >= METADATA_CAP {
-            memo.clear();
-        }
         let read = MetaRead { meta, read_at: Instant::now() };
-        memo.insert((queue.to_owned(), partition.to_owned()), read);
+        self.metadata.lock().expect("not poisoned").insert(queue, partition, read);
         Ok(read)
     }
 
     /// A partition's memoised metadata, if it is fresh.
     fn memoised(&self, name: PartitionName<'_>) -> Option<MetaRead> {
-        let key = (name.queue.to_owned(), name.partition.to_owned());
-        self.metadata.lock().expect("not poisoned").get(&key).filter(|read| read.read_at.elapsed() < METADATA_TTL).copied()
+        self.metadata.lock().expect("not poisoned").get(name).filter(|read| read.read_at.elapsed() < METADATA_TTL)
     }
 
     /// Partitions' metadata, in order: from the memo where it is fresh,
@@ -251,7 +246,40 @@ impl Gateway {
     /// Forgets memoised metadata of a queue, so that a configure made through
     /// this gateway takes effect at once here.
     pub fn forget_queue(&self, queue: &str) {
-        self.metadata.lock().expect("not poisoned").retain(|(q, _), _| q != queue);
+        self.metadata.lock().expect("not poisoned").forget_queue(queue);
+    }
+}
+
+/// Partitions' metadata by queue and partition name, at most
+/// [`METADATA_CAP`] of them (beyond it the memo starts afresh). Keyed by
+/// queue, then partition, so that a lookup by borrowed names allocates
+/// nothing: it runs for every partition of every push.
+#[derive(Debug, Default)]
+struct PartitionMemo {
+    by_queue: HashMap<ByteString, HashMap<ByteString, MetaRead>>,
+    len: usize,
+}
+
+impl PartitionMemo {
+    fn get(&self, name: PartitionName<'_>) -> Option<MetaRead> {
+        self.by_queue.get(name.queue)?.get(name.partition).copied()
+    }
+
+    fn insert(&mut self, queue: &ByteString, partition: &ByteString, read: MetaRead) {
+        if self.len >= METADATA_CAP {
+            self.by_queue.clear();
+            self.len = 0;
+        }
+        let previous = self.by_queue.entry(queue.clone()).or_default().insert(partition.clone(), read);
+        if previous.is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn forget_queue(&mut self, queue: &str) {
+        if let Some(partitions) = self.by_queue.remove(queue) {
+            self.len -= partitions.len();
+        }
     }
 }
 

@@ -667,7 +667,7 @@ impl Worker {
                 planned_window_seconds: in_flight.window_seconds,
                 hashes: in_flight.segment.hashes.clone(),
                 message_ids: in_flight.segment.slots.iter().map(|s| s.message.message_id).collect(),
-                transaction_ids: in_flight.segment.slots.iter().map(|s| s.message.transaction_id.to_string()).collect(),
+                transaction_ids: in_flight.segment.slots.iter().map(|s| s.message.transaction_id.clone()).collect(),
                 payloads: in_flight.segment.slots.iter().map(|s| s.message.payload.clone()).collect(),
             });
             segments.push(in_flight);

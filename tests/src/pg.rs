@@ -175,7 +175,7 @@ pub fn segment(
         planned_window_seconds,
         hashes: transaction_ids.iter().flat_map(|t| stile::hash::txn_hash(t)).collect(),
         message_ids: transaction_ids.iter().map(|_| uuid::Uuid::now_v7()).collect(),
-        transaction_ids: transaction_ids.iter().map(|t| t.to_string()).collect(),
+        transaction_ids: transaction_ids.iter().map(|&t| bytestring::ByteString::from(t)).collect(),
         payloads: transaction_ids.iter().map(|t| Payload::from(&serde_json::json!({ "txn": t }))).collect(),
     }
 }

@@ -44,6 +44,7 @@ fn named(duplicates: &[Duplicate]) -> Vec<(u32, i64, uuid::Uuid)> {
 /// given (`None`: NULL): its row's probe, dup_idx and dup_off.
 async fn push_in_sql(c: &tokio_postgres::Client, s: &SegmentPush, clock_floor_ms: Option<i64>) -> tokio_postgres::Row {
     let payloads: Vec<Json<&serde_json::value::RawValue>> = s.payloads.iter().map(|payload| Json(payload.raw())).collect();
+    let transaction_ids: Vec<&str> = s.transaction_ids.iter().map(|t| &**t).collect();
     let rows = c
         .query(
             "SELECT probe, dup_idx, dup_off FROM stile.push(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY[$3::integer], \
@@ -55,7 +56,7 @@ async fn push_in_sql(c: &tokio_postgres::Client, s: &SegmentPush, clock_floor_ms
                 &(s.len() as i32),
                 &s.hashes,
                 &s.message_ids,
-                &s.transaction_ids,
+                &transaction_ids,
                 &payloads,
                 &clock_floor_ms,
             ],
@@ -331,7 +332,7 @@ async fn a_retry_that_is_a_run_of_its_row_is_answered_from_that_row() {
 /// A segment whose hashes are given as bytes, for hashes that overlap others.
 fn segment_of_hashes(partition_id: i64, hashes: &[[u8; 16]], p_verified: i64) -> SegmentPush {
     let mut s = segment(partition_id, &vec!["h"; hashes.len()], p_verified, 3600);
-    s.transaction_ids = (0..hashes.len()).map(|i| format!("h{i}")).collect();
+    s.transaction_ids = (0..hashes.len()).map(|i| format!("h{i}").into()).collect();
     s.hashes = hashes.concat();
     s
 }
@@ -1127,7 +1128,7 @@ async fn payloads_and_transaction_ids_are_stored_and_read_as_sent() {
     let read: Vec<(String, String)> =
         page.messages.iter().map(|m| (m.transaction_id.clone(), m.payload.get().to_string())).collect();
     let sent: Vec<(String, String)> =
-        s.transaction_ids.iter().zip(&s.payloads).map(|(t, p)| (t.clone(), p.get().to_string())).collect();
+        s.transaction_ids.iter().zip(&s.payloads).map(|(t, p)| (t.to_string(), p.get().to_string())).collect();
     assert_eq!(read, sent);
     let c = t.client().await;
     let rows = c

@@ -47,7 +47,7 @@ async fn push_previous(c: &tokio_postgres::Client, segments: &[SegmentPush]) -> 
     let counts: Vec<i32> = segments.iter().map(|s| s.len() as i32).collect();
     let hashes: Vec<&[u8]> = segments.iter().map(|s| &s.hashes[..]).collect();
     let message_ids: Vec<uuid::Uuid> = segments.iter().flat_map(|s| s.message_ids.iter().copied()).collect();
-    let txns: Vec<&str> = segments.iter().flat_map(|s| s.transaction_ids.iter().map(String::as_str)).collect();
+    let txns: Vec<&str> = segments.iter().flat_map(|s| s.transaction_ids.iter().map(|t| &**t)).collect();
     let payloads: Vec<Json<&serde_json::value::RawValue>> =
         segments.iter().flat_map(|s| s.payloads.iter().map(|p| Json(p.raw()))).collect();
     let rows = c
@@ -118,7 +118,7 @@ async fn messages_stored_before_the_upgrade_are_read_and_deduplicated_after_it()
     let read: Vec<(i64, uuid::Uuid, String, String)> =
         page.messages.iter().map(|m| (m.offset, m.message_id, m.transaction_id.clone(), m.payload.get().to_string())).collect();
     let expected: Vec<(i64, uuid::Uuid, String, String)> = (0..3)
-        .map(|k| (k as i64, first.message_ids[k], first.transaction_ids[k].clone(), first.payloads[k].get().to_string()))
+        .map(|k| (k as i64, first.message_ids[k], first.transaction_ids[k].to_string(), first.payloads[k].get().to_string()))
         .collect();
     assert_eq!(read, expected);
     let found = t.db.message_by_transaction_id("orders", "p0", stile::hash::txn_hash("b"), "b").await.unwrap().unwrap();

@@ -223,17 +223,16 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
                 planned_window_seconds: planned,
                 hashes: vec![0; 16 * size],
                 message_ids: vec![uuid::Uuid::nil(); size],
-                transaction_ids: vec![String::new(); size],
+                transaction_ids: vec![bytestring::ByteString::new(); size],
                 payloads: (0..size as u64).map(|n| Payload::from(&payload(n))).collect(),
             };
             while Instant::now() < deadline {
                 s.p_verified = if matches!(mode, Mode::Vouched | Mode::Retry) { last } else { -1 };
                 for i in 0..size {
                     n += 1;
-                    let txn = &mut s.transaction_ids[i];
-                    txn.clear();
-                    write!(txn, "order-{salt}-{conn}-{n}-paid").unwrap();
-                    s.hashes[16 * i..16 * (i + 1)].copy_from_slice(&stile::hash::txn_hash(txn));
+                    let txn = bytestring::ByteString::from(format!("order-{salt}-{conn}-{n}-paid"));
+                    s.hashes[16 * i..16 * (i + 1)].copy_from_slice(&stile::hash::txn_hash(&txn));
+                    s.transaction_ids[i] = txn;
                     s.message_ids[i] = fast_id();
                 }
                 let out = db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(&s)).await.unwrap();

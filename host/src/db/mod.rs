@@ -9,11 +9,13 @@
 mod error;
 pub mod kv;
 mod migrate;
+mod packed;
 pub mod timers;
 mod url;
 
 use std::time::Duration;
 
+use bytestring::ByteString;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -24,6 +26,7 @@ use uuid::Uuid;
 use crate::payload::Payload;
 pub use error::{ConfigureError, DbError};
 pub use migrate::{MIGRATIONS, Migration};
+use packed::{JsonStrings, JsonTexts, PackedIds};
 pub use url::{config_to_url, pg_config};
 
 /// A pool of connections to the database stile keeps its logs in. Cheap to
@@ -70,7 +73,7 @@ pub struct SegmentPush {
     /// The messages' ids (UUIDv7, minted by the gateway).
     pub message_ids: Vec<Uuid>,
     /// The messages' transactionIds.
-    pub transaction_ids: Vec<String>,
+    pub transaction_ids: Vec<ByteString>,
     /// The messages' payloads, stored as `json`, as sent.
     pub payloads: Vec<Payload>,
 }
@@ -686,9 +689,9 @@ pub async fn push_on(
     let mut planned = Vec::with_capacity(segments.len());
     let mut counts = Vec::with_capacity(segments.len());
     let mut hashes: Vec<&[u8]> = Vec::with_capacity(segments.len());
-    let mut message_ids: Vec<Vec<u8>> = Vec::with_capacity(segments.len());
-    let mut transaction_ids: Vec<String> = Vec::with_capacity(segments.len());
-    let mut payloads: Vec<String> = Vec::with_capacity(segments.len());
+    let mut message_ids = Vec::with_capacity(segments.len());
+    let mut transaction_ids = Vec::with_capacity(segments.len());
+    let mut payloads = Vec::with_capacity(segments.len());
     for &i in &order {
         let s = &segments[i];
         let n = s.len();
@@ -707,9 +710,9 @@ pub async fn push_on(
         planned.push(s.planned_window_seconds);
         counts.push(n);
         hashes.push(&s.hashes);
-        message_ids.push(s.message_ids.iter().flat_map(|id| *id.as_bytes()).collect());
-        transaction_ids.push(json_strings(&s.transaction_ids));
-        payloads.push(json_array(&s.payloads));
+        message_ids.push(PackedIds(&s.message_ids));
+        transaction_ids.push(JsonStrings(&s.transaction_ids));
+        payloads.push(JsonTexts(&s.payloads));
     }
     let route = partition_ids[0];
     let stmt = client.prepare_cached(PUSH_SQL).await?;
@@ -782,24 +785,4 @@ fn segment_outcome(row: &tokio_postgres::Row, i: usize, len: usize) -> Result<Se
     let probe = ProbeMode::parse(row.try_get("probe")?)?;
     let clock_ms: i64 = row.try_get("clock_ms")?;
     Ok(SegmentOutcome { window_seconds, probe, duplicates, stored, clock_ms })
-}
-
-/// The transactionIds as one JSON array of strings, as the log stores them.
-fn json_strings(strings: &[String]) -> String {
-    serde_json::to_string(strings).expect("a list of strings always encodes")
-}
-
-/// The payloads as one JSON array of their texts, as sent, as the log stores
-/// them.
-fn json_array(payloads: &[Payload]) -> String {
-    let mut out = String::with_capacity(2 + payloads.iter().map(|p| p.get().len() + 1).sum::<usize>());
-    out.push('[');
-    for (k, payload) in payloads.iter().enumerate() {
-        if k > 0 {
-            out.push(',');
-        }
-        out.push_str(payload.get());
-    }
-    out.push(']');
-    out
 }
