@@ -39,7 +39,7 @@ use uuid::Uuid;
 use crate::api::{self, BadRequest};
 use crate::conn::{ConnectionLimits, ConnectionPhase};
 use crate::db::{ConfigureError, DbError, PageBound, StoredMessage};
-use crate::gateway::{Gateway, PushFailure, PushResult};
+use crate::gateway::{Gateway, PushFailure};
 use crate::hash::txn_hash;
 use crate::intake::{Held, HeldBody, Intake};
 use crate::router::{self, Endpoint, Matched, Unrouted};
@@ -226,37 +226,7 @@ async fn push(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<
     let items = api::parse_push(&body, app.config.max_items)?;
     drop(body);
     let results = app.gateway.push(items).await?;
-    let entries: Vec<PushEntry<'_>> = results.iter().enumerate().map(|(index, r)| PushEntry::new(index, r)).collect();
-    Ok(json_reply(StatusCode::CREATED, &entries))
-}
-
-/// One item's answer to a push. Serialised directly, with no `Value` tree
-/// built, cloned into and dropped per item. (Fields in alphabetical order,
-/// as a `Value` would print them.)
-#[derive(Serialize)]
-struct PushEntry<'a> {
-    index: usize,
-    message_id: Uuid,
-    offset: i64,
-    partition: &'a str,
-    #[serde(rename = "queueName")]
-    queue: &'a str,
-    status: &'static str,
-    transaction_id: &'a str,
-}
-
-impl<'a> PushEntry<'a> {
-    fn new(index: usize, result: &'a PushResult) -> PushEntry<'a> {
-        PushEntry {
-            index,
-            message_id: result.message_id,
-            offset: result.offset,
-            partition: &result.partition,
-            queue: &result.queue,
-            status: if result.duplicate { "duplicate" } else { "queued" },
-            transaction_id: &result.transaction_id,
-        }
-    }
+    Ok(json_bytes_reply(StatusCode::CREATED, crate::push_answer::render(&results)))
 }
 
 async fn configure(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
@@ -600,7 +570,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn json_reply(status: StatusCode, value: &impl Serialize) -> Reply {
-    let body = serde_json::to_vec(value).expect("a reply always serialises");
+    json_bytes_reply(status, serde_json::to_vec(value).expect("a reply always serialises"))
+}
+
+fn json_bytes_reply(status: StatusCode, body: Vec<u8>) -> Reply {
     let mut reply = Response::new(Bytes::from(body));
     *reply.status_mut() = status;
     reply.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod payload;
 mod payload_sql;
+pub mod push_answer;
 pub mod push_body;
 pub mod push_stepwise;
 pub mod router;
