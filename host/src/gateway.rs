@@ -78,23 +78,22 @@ impl Gateway {
 
     /// Pushes a validated request and answers every item, in order.
     pub async fn push(&self, items: Vec<PushItem>) -> Result<Vec<PushResult>, PushFailure> {
-        let plan = RequestPlan::new(items);
-        let plan = &plan;
-        let groups = plan.groups.iter().map(|((queue, partition), leaders)| async move {
-            let MetaRead { meta, read_at: window_read_at } = self.partition(queue, partition).await?;
-            let messages = leaders.iter().map(|&item| plan.messages[item].clone()).collect();
+        let mut plan = RequestPlan::new(items);
+        let group_messages = plan.take_group_messages();
+        let groups = plan.groups.iter().zip(group_messages).map(|(group, messages)| async move {
+            let MetaRead { meta, read_at: window_read_at } = self.partition(&group.queue, &group.partition).await?;
             let shard = &self.shards[shard_of(meta.id, self.shards.len())];
             let request =
                 PartitionPushRequest { partition_id: meta.id, window_seconds: meta.window_seconds, window_read_at, messages };
             let outcomes = shard.push(request).await?;
-            Ok::<_, PushFailure>(leaders.iter().copied().zip(outcomes).collect::<Vec<_>>())
+            Ok::<_, PushFailure>(group.leaders.iter().copied().zip(outcomes).collect::<Vec<_>>())
         });
         let answered = try_join_all(groups).await.inspect_err(|failure| {
             if matches!(failure, PushFailure::Unavailable(_)) {
                 self.metrics.unavailable();
             }
         })?;
-        let mut leader_outcomes: Vec<Option<Outcome>> = vec![None; plan.items.len()];
+        let mut leader_outcomes: Vec<Option<Outcome>> = vec![None; plan.len()];
         for (item, outcome) in answered.into_iter().flatten() {
             leader_outcomes[item] = Some(outcome);
         }
@@ -115,14 +114,14 @@ impl Gateway {
     /// commits; then it hands [`PushedInTransaction::committed`] to
     /// [`Gateway::committed_elsewhere`].
     pub async fn push_in(&self, client: &impl GenericClient, plan: RequestPlan) -> Result<PushedInTransaction, DbError> {
-        let mut groups: Vec<(&(ByteString, ByteString), &Vec<usize>)> = plan.groups.iter().collect();
-        groups.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let names = groups.iter().map(|((queue, partition), _)| PartitionName { queue, partition });
+        let mut groups: Vec<&PartitionGroup> = plan.groups.iter().collect();
+        groups.sort_unstable_by(|a, b| (&a.queue, &a.partition).cmp(&(&b.queue, &b.partition)));
+        let names = groups.iter().map(|group| PartitionName { queue: &group.queue, partition: &group.partition });
         let metas = self.partitions_in(client, names).await?;
         let mut segments = Vec::with_capacity(groups.len());
         let mut clock_floor = ClockFloor::EPOCH;
-        for ((_, leaders), MetaRead { meta, read_at: window_read_at }) in groups.iter().zip(metas) {
-            let messages: Vec<&Message> = leaders.iter().map(|&item| &plan.messages[item]).collect();
+        for (group, MetaRead { meta, read_at: window_read_at }) in groups.iter().zip(metas) {
+            let messages: Vec<&Message> = group.leaders.iter().map(|&item| &plan.messages[item]).collect();
             let hashes: Vec<u8> = messages.iter().flat_map(|m| m.hash).collect();
             let shard = &self.shards[shard_of(meta.id, self.shards.len())];
             let vouch = shard
@@ -149,10 +148,11 @@ impl Gateway {
             });
         }
         let outcomes = push_on(client, clock_floor, &segments).await?;
-        let mut leader_outcomes: Vec<Option<Outcome>> = vec![None; plan.items.len()];
+        let mut leader_outcomes: Vec<Option<Outcome>> = vec![None; plan.len()];
         let mut already_stored = 0;
         let mut committed = Vec::new();
-        for ((segment, (_, leaders)), outcome) in segments.iter().zip(&groups).zip(&outcomes) {
+        for ((segment, group), outcome) in segments.iter().zip(&groups).zip(&outcomes) {
+            let leaders = &group.leaders;
             self.metrics.segment(outcome.probe);
             let mut stored_hashes = Vec::with_capacity(segment.hashes.len());
             for ((&item, &message_id), message) in
@@ -300,12 +300,34 @@ pub fn shard_of(partition_id: i64, shards: usize) -> usize {
 /// which item each repeat follows.
 #[derive(Debug)]
 pub struct RequestPlan {
-    items: Vec<PushItem>,
+    /// What each item's answer names, in request order.
+    names: Vec<ItemNames>,
     /// One message per item (followers' are unused).
     messages: Vec<Message>,
     /// For every item, the item that leads it (itself for a leader).
     leader_of: Vec<usize>,
-    groups: HashMap<(ByteString, ByteString), Vec<usize>>,
+    /// Each partition's leaders, partitions in the order the request first
+    /// names them.
+    groups: Vec<PartitionGroup>,
+}
+
+/// What an item's answer names: its partition and its transactionId (the
+/// message id's text when the producer sent none). Moved into the answer,
+/// not copied: the strings are views of the request's body, and each copy
+/// touches the body's one reference count from whichever thread runs it.
+#[derive(Debug)]
+struct ItemNames {
+    queue: ByteString,
+    partition: ByteString,
+    transaction_id: ByteString,
+}
+
+/// One partition's leaders in a request, in request order.
+#[derive(Debug)]
+struct PartitionGroup {
+    queue: ByteString,
+    partition: ByteString,
+    leaders: Vec<usize>,
 }
 
 impl RequestPlan {
@@ -320,50 +342,93 @@ impl RequestPlan {
     /// message id, promised when it was scheduled): one per item.
     pub fn with_message_ids(items: Vec<PushItem>, message_ids: Vec<Uuid>) -> RequestPlan {
         assert_eq!(items.len(), message_ids.len(), "one message id per item");
-        let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::new();
-        let mut groups: HashMap<(ByteString, ByteString), Vec<usize>> = HashMap::new();
-        let mut messages = Vec::with_capacity(items.len());
-        let mut leader_of = Vec::with_capacity(items.len());
-        for (item, message_id) in items.iter().zip(message_ids) {
-            let transaction_id = item.transaction_id.clone().unwrap_or_else(|| ByteString::from(message_id.to_string()));
-            messages.push(Message { message_id, hash: txn_hash(&transaction_id), transaction_id, payload: item.payload.clone() });
+        let mut plan = RequestPlan::led(&items);
+        for (item, message_id) in items.into_iter().zip(message_ids) {
+            let PushItem { queue, partition, payload, transaction_id } = item;
+            let transaction_id = transaction_id.unwrap_or_else(|| ByteString::from(message_id.to_string()));
+            let hash = txn_hash(&transaction_id);
+            plan.messages.push(Message { message_id, hash, transaction_id: transaction_id.clone(), payload });
+            plan.names.push(ItemNames { queue, partition, transaction_id });
         }
+        plan
+    }
+
+    /// Layer 1 over `items`: each item's leader (the first item naming the
+    /// same partition and transactionId; an item without one leads itself)
+    /// and each partition's leaders. Names and messages are left empty.
+    fn led(items: &[PushItem]) -> RequestPlan {
+        let mut plan = RequestPlan {
+            names: Vec::with_capacity(items.len()),
+            messages: Vec::with_capacity(items.len()),
+            leader_of: Vec::with_capacity(items.len()),
+            groups: Vec::new(),
+        };
         let repeats_possible = items.len() > 1;
+        let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
         for (index, item) in items.iter().enumerate() {
             let leader = match &item.transaction_id {
                 Some(id) if repeats_possible => *seen.entry((&item.queue, &item.partition, id)).or_insert(index),
                 // No id: the message id stands in, new every time.
                 _ => index,
             };
-            leader_of.push(leader);
+            plan.leader_of.push(leader);
             if leader == index {
-                groups.entry((item.queue.clone(), item.partition.clone())).or_default().push(index);
+                let group = *group_of.entry((&item.queue, &item.partition)).or_insert_with(|| {
+                    let (queue, partition) = (item.queue.clone(), item.partition.clone());
+                    plan.groups.push(PartitionGroup { queue, partition, leaders: Vec::new() });
+                    plan.groups.len() - 1
+                });
+                plan.groups[group].leaders.push(index);
             }
         }
-        RequestPlan { items, messages, leader_of, groups }
+        plan
+    }
+
+    /// The number of items, and of answers.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// True for a plan of no items.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Moves the leaders' messages out, one list per group in group order,
+    /// each in its leaders' order: what the shards push. The plan keeps what
+    /// its answers need.
+    fn take_group_messages(&mut self) -> Vec<Vec<Message>> {
+        let mut group_of: Vec<Option<usize>> = vec![None; self.messages.len()];
+        for (group, PartitionGroup { leaders, .. }) in self.groups.iter().enumerate() {
+            for &leader in leaders {
+                group_of[leader] = Some(group);
+            }
+        }
+        let mut taken: Vec<Vec<Message>> = self.groups.iter().map(|g| Vec::with_capacity(g.leaders.len())).collect();
+        for (message, group) in std::mem::take(&mut self.messages).into_iter().zip(group_of) {
+            if let Some(group) = group {
+                taken[group].push(message);
+            }
+        }
+        taken
     }
 
     /// Every item's answer, in order, from its leader's outcome (indexed by
     /// item; `None` for followers).
-    pub fn answer(&self, leader_outcomes: &[Option<Outcome>]) -> Vec<PushResult> {
-        self.items
-            .iter()
+    pub fn answer(self, leader_outcomes: &[Option<Outcome>]) -> Vec<PushResult> {
+        let RequestPlan { names, leader_of, .. } = self;
+        names
+            .into_iter()
+            .zip(leader_of)
             .enumerate()
-            .map(|(index, item)| {
-                let leader = self.leader_of[index];
+            .map(|(index, (ItemNames { queue, partition, transaction_id }, leader))| {
                 let outcome = leader_outcomes[leader].expect("every leader is answered");
                 let (message_id, offset, duplicate) = match outcome {
                     Outcome::Queued { message_id, offset } => (message_id, offset, leader != index),
                     Outcome::Duplicate { message_id, offset } => (message_id, offset, true),
                 };
-                PushResult {
-                    message_id,
-                    transaction_id: self.messages[index].transaction_id.clone(),
-                    queue: item.queue.clone(),
-                    partition: item.partition.clone(),
-                    offset,
-                    duplicate,
-                }
+                PushResult { message_id, transaction_id, queue, partition, offset, duplicate }
             })
             .collect()
     }
@@ -393,7 +458,9 @@ mod tests {
             item("q", "p", None),
         ]);
         assert_eq!(plan.leader_of, vec![0, 0, 2, 3, 4]);
-        assert_eq!(plan.groups[&(ByteString::from("q"), ByteString::from("p"))], vec![0, 3, 4]);
+        let leaders: Vec<(&str, &str, &[usize])> = plan.groups.iter().map(|g| (&*g.queue, &*g.partition, &*g.leaders)).collect();
+        assert_eq!(leaders, [("q", "p", &[0, 3, 4][..]), ("q", "other", &[2][..])]);
+        let own_id = plan.messages[3].message_id;
         let first = Uuid::now_v7();
         let outcomes = vec![
             Some(Outcome::Queued { message_id: first, offset: 7 }),
@@ -407,7 +474,31 @@ mod tests {
         assert!(results[1].duplicate);
         assert_eq!((results[1].message_id, results[1].offset), (first, 7));
         assert!(!results[2].duplicate);
-        assert_eq!(results[3].transaction_id, plan.messages[3].message_id.to_string());
+        assert_eq!(results[3].transaction_id, own_id.to_string());
+    }
+
+    #[test]
+    fn the_leaders_messages_move_out_by_group_in_leader_order() {
+        let mut plan = RequestPlan::new(vec![
+            item("q", "p", Some("a")),
+            item("q", "other", Some("b")),
+            item("q", "p", Some("a")),
+            item("q", "p", Some("c")),
+        ]);
+        let ids: Vec<Uuid> = plan.messages.iter().map(|m| m.message_id).collect();
+        let taken = plan.take_group_messages();
+        let taken: Vec<Vec<(Uuid, &str)>> =
+            taken.iter().map(|group| group.iter().map(|m| (m.message_id, &*m.transaction_id)).collect()).collect();
+        assert_eq!(taken, [vec![(ids[0], "a"), (ids[3], "c")], vec![(ids[1], "b")]]);
+        let outcomes: Vec<Option<Outcome>> = plan
+            .leader_of
+            .iter()
+            .enumerate()
+            .map(|(item, &leader)| (item == leader).then(|| Outcome::Queued { message_id: ids[item], offset: item as i64 }))
+            .collect();
+        let results = plan.answer(&outcomes);
+        let names: Vec<(&str, &str, bool)> = results.iter().map(|r| (&*r.partition, &*r.transaction_id, r.duplicate)).collect();
+        assert_eq!(names, [("p", "a", false), ("other", "b", false), ("p", "a", true), ("p", "c", false)]);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod gateway;
 pub mod hash;
 pub mod http;
 pub mod intake;
+pub mod json_string;
 pub mod kv;
 pub mod metrics;
 pub mod openapi;

@@ -36,6 +36,7 @@ use crate::cache::ShardCache;
 use crate::db::{ClockFloor, Db, DbError, HydrationRows, MessageOutcome, OwnPool, SegmentOutcome, SegmentPush};
 use crate::fusion::{CoalescedSegment, Message, PartitionQueue, Slot};
 use crate::metrics::Metrics;
+use crate::payload::Payload;
 
 /// The final result of one message of a push.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -628,6 +629,10 @@ impl Worker {
     /// The bundle carries its clock floor: the cache judged age by `now`, so
     /// its vouches hold only once PostgreSQL's clock is past `now` less the
     /// slack.
+    ///
+    /// The slots' transactionIds and payloads move into the pushes (they are
+    /// views of request bodies, and a copy touches a body's reference count):
+    /// once planned, a slot is answered from its message id and hash only.
     fn plan(&mut self, segments: Vec<InFlight>) -> PlannedBundle {
         let now = self.now();
         let first = self.ask(now, &segments);
@@ -661,14 +666,15 @@ impl Worker {
             in_flight.state = plan.state;
             in_flight.p_verified = plan.p_verified;
             self.metrics.flush_size(in_flight.segment.slots.len());
+            let slots = &mut in_flight.segment.slots;
             pushes.push(SegmentPush {
                 partition_id: in_flight.partition_id,
                 p_verified: plan.p_verified,
                 planned_window_seconds: in_flight.window_seconds,
                 hashes: in_flight.segment.hashes.clone(),
-                message_ids: in_flight.segment.slots.iter().map(|s| s.message.message_id).collect(),
-                transaction_ids: in_flight.segment.slots.iter().map(|s| s.message.transaction_id.clone()).collect(),
-                payloads: in_flight.segment.slots.iter().map(|s| s.message.payload.clone()).collect(),
+                message_ids: slots.iter().map(|s| s.message.message_id).collect(),
+                transaction_ids: slots.iter_mut().map(|s| std::mem::take(&mut s.message.transaction_id)).collect(),
+                payloads: slots.iter_mut().map(|s| std::mem::replace(&mut s.message.payload, Payload::null())).collect(),
             });
             segments.push(in_flight);
         }

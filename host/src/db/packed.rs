@@ -13,6 +13,7 @@ use bytestring::ByteString;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use uuid::Uuid;
 
+use crate::json_string;
 use crate::payload::Payload;
 
 /// Message ids, 16 bytes each, concatenated in order: one `bytea`.
@@ -47,7 +48,7 @@ impl ToSql for JsonStrings<'_> {
     fn to_sql(&self, _: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
         out.reserve(2 + self.0.iter().map(|s| s.len() + 3).sum::<usize>());
         let mut writer = out.writer();
-        write_array(&mut writer, self.0, |writer, s| serde_json::to_writer(writer, &**s))?;
+        write_array(&mut writer, self.0, |writer, s| json_string::write(writer, s))?;
         Ok(IsNull::No)
     }
 
