@@ -22,6 +22,7 @@ use crate::db::{
 };
 use crate::fusion::Message;
 use crate::hash::txn_hash;
+use crate::message_id;
 use crate::metrics::Metrics;
 pub use crate::shard::PushFailure;
 use crate::shard::{METADATA_TTL, Outcome, PartitionPushRequest, ShardHandle, VouchRequest};
@@ -334,7 +335,7 @@ impl RequestPlan {
     /// Plans a validated request: a message for each item, its leader, and
     /// the leaders of each partition.
     pub fn new(items: Vec<PushItem>) -> RequestPlan {
-        let message_ids = items.iter().map(|_| Uuid::now_v7()).collect();
+        let message_ids = message_id::mint(items.len());
         RequestPlan::with_message_ids(items, message_ids)
     }
 

@@ -318,7 +318,7 @@ impl WireTimerOp {
         let scheduled = Scheduled {
             partition,
             txn: self.txn.unwrap_or_else(|| Uuid::now_v7().to_string()),
-            message_id: Uuid::now_v7(),
+            message_id: crate::message_id::one(),
             payload: decode_payload(&payload).map_err(|what| bad("payload", &what))?,
             delay_ms,
         };
