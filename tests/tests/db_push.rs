@@ -780,6 +780,8 @@ async fn reads_return_what_was_pushed() {
 
     let all = t.db.read_messages("q", "p", 0, bound(100)).await.unwrap().messages;
     assert_eq!(all.len(), 5);
+    assert!(t.db.read_messages("q", "x", 0, bound(100)).await.unwrap().messages.is_empty(), "no partition x");
+    assert!(t.db.read_messages("other", "p", 0, bound(100)).await.unwrap().messages.is_empty(), "no queue other");
     for (i, m) in all.iter().enumerate() {
         assert_eq!(m.offset, i as i64);
         assert_eq!(m.message_id, ids[i]);

@@ -15,6 +15,18 @@
 -- Queues and partitions
 ------------------------------------------------------------------------------
 
+-- The id of the partition p_partition of p_queue, or NULL when there is none:
+-- the readers' lookup (they create nothing). PL/pgSQL, like the readers, for
+-- a distributed database (see reads.sql).
+CREATE OR REPLACE FUNCTION stile.partition_named(p_queue text, p_partition text)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT p.id FROM stile.partitions p WHERE p.queue = p_queue AND p.name = p_partition);
+END
+$$;
+
 -- Returns a partition's id, its queue's dedup window (the partition row's
 -- copy, see host/sql/migrations/0005_partition_window.sql), its allocator and
 -- its purge watermark, creating the queue (from defaults) and the partition

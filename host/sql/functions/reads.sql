@@ -37,8 +37,8 @@ AS $$
 DECLARE
     v_pid bigint;
 BEGIN
-    SELECT p.id INTO v_pid FROM stile.partitions p WHERE p.queue = p_queue AND p.name = p_partition;
-    IF NOT FOUND THEN
+    v_pid := stile.partition_named(p_queue, p_partition);
+    IF v_pid IS NULL THEN
         RETURN;
     END IF;
     RETURN QUERY
@@ -102,8 +102,8 @@ DECLARE
     v_row record;
     v_idx integer;
 BEGIN
-    SELECT p.id INTO v_pid FROM stile.partitions p WHERE p.queue = p_queue AND p.name = p_partition;
-    IF NOT FOUND OR length(p_hash) <> 16 THEN
+    v_pid := stile.partition_named(p_queue, p_partition);
+    IF v_pid IS NULL OR length(p_hash) <> 16 THEN
         RETURN;
     END IF;
     FOR v_row IN
