@@ -502,6 +502,85 @@ mod tests {
         assert_eq!(names, [("p", "a", false), ("other", "b", false), ("p", "a", true), ("p", "c", false)]);
     }
 
+    /// Layer 1 by its definition, over (queue, partition, transactionId)
+    /// triples: an item leads unless an earlier item names the same three
+    /// (an item without an id always leads); the groups are the leaders by
+    /// partition, partitions in order of their first leader.
+    fn reference_layer_one(items: &[(String, String, Option<String>)]) -> (Vec<usize>, Vec<Group>) {
+        let leader_of: Vec<usize> = items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| match item.2 {
+                Some(_) => items.iter().position(|earlier| earlier == item).expect("the item itself"),
+                None => index,
+            })
+            .collect();
+        let mut groups: Vec<Group> = Vec::new();
+        for (index, (queue, partition, _)) in items.iter().enumerate().filter(|&(index, _)| leader_of[index] == index) {
+            match groups.iter_mut().find(|g| (&g.queue, &g.partition) == (queue, partition)) {
+                Some(group) => group.leaders.push(index),
+                None => groups.push(Group { queue: queue.clone(), partition: partition.clone(), leaders: vec![index] }),
+            }
+        }
+        (leader_of, groups)
+    }
+
+    /// A partition's leaders, as the reference states them.
+    #[derive(Debug, PartialEq)]
+    struct Group {
+        queue: String,
+        partition: String,
+        leaders: Vec<usize>,
+    }
+
+    fn drawn_item() -> impl proptest::strategy::Strategy<Value = (String, String, Option<String>)> {
+        ("[ab]", "[pq]", proptest::option::of("[xyz]"))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_plan_agrees_with_layer_one_by_its_definition(drawn in proptest::collection::vec(drawn_item(), 0..24)) {
+            let items = drawn.iter().map(|(q, p, id)| item(q, p, id.as_deref())).collect();
+            let mut plan = RequestPlan::new(items);
+            let (leader_of, groups) = reference_layer_one(&drawn);
+            proptest::prop_assert_eq!(&plan.leader_of, &leader_of);
+            let planned: Vec<Group> = plan
+                .groups
+                .iter()
+                .map(|g| Group { queue: g.queue.to_string(), partition: g.partition.to_string(), leaders: g.leaders.clone() })
+                .collect();
+            proptest::prop_assert_eq!(&planned, &groups);
+
+            // Each group's messages are its leaders' own, in order.
+            let ids: Vec<Uuid> = plan.messages.iter().map(|m| m.message_id).collect();
+            let taken = plan.take_group_messages();
+            proptest::prop_assert_eq!(taken.len(), groups.len());
+            for (messages, group) in taken.iter().zip(&groups) {
+                let taken_ids: Vec<Uuid> = messages.iter().map(|m| m.message_id).collect();
+                let leader_ids: Vec<Uuid> = group.leaders.iter().map(|&l| ids[l]).collect();
+                proptest::prop_assert_eq!(taken_ids, leader_ids);
+            }
+
+            // Every item answers with its own names and its leader's outcome;
+            // a follower answers duplicate.
+            let outcomes: Vec<Option<Outcome>> = leader_of
+                .iter()
+                .enumerate()
+                .map(|(item, &leader)| (item == leader).then(|| Outcome::Queued { message_id: ids[item], offset: item as i64 }))
+                .collect();
+            let results = plan.answer(&outcomes);
+            proptest::prop_assert_eq!(results.len(), drawn.len());
+            for (index, (result, (queue, partition, id))) in results.iter().zip(&drawn).enumerate() {
+                let leader = leader_of[index];
+                proptest::prop_assert_eq!((&*result.queue, &*result.partition), (queue.as_str(), partition.as_str()));
+                let own_id = id.clone().unwrap_or_else(|| ids[index].to_string());
+                proptest::prop_assert_eq!(&*result.transaction_id, own_id.as_str());
+                proptest::prop_assert_eq!((result.message_id, result.offset), (ids[leader], leader as i64));
+                proptest::prop_assert_eq!(result.duplicate, leader != index);
+            }
+        }
+    }
+
     #[test]
     fn followers_of_a_duplicate_leader_report_the_original() {
         let plan = RequestPlan::new(vec![item("q", "p", Some("a")), item("q", "p", Some("a"))]);
