@@ -387,18 +387,14 @@ impl RequestPlan {
     }
 
     /// The number of items, and of answers.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.names.len()
-    }
-
-    /// True for a plan of no items.
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
     }
 
     /// Moves the leaders' messages out, one list per group in group order,
     /// each in its leaders' order: what the shards push. The plan keeps what
-    /// its answers need.
+    /// its answers need, and no messages: [`Gateway::push_in`], which reads
+    /// them, takes a plan whose messages were never taken.
     fn take_group_messages(&mut self) -> Vec<Vec<Message>> {
         let mut group_of: Vec<Option<usize>> = vec![None; self.messages.len()];
         for (group, PartitionGroup { leaders, .. }) in self.groups.iter().enumerate() {
