@@ -18,6 +18,7 @@
 //! whose floor its clock has not reached. A reading that shows PostgreSQL's
 //! clock stepped back replaces the cache.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -243,6 +244,7 @@ pub fn spawn(
         metrics,
         config,
         partitions: HashMap::new(),
+        queued: BTreeSet::new(),
         requests: HashMap::new(),
         next_request: 0,
         clock,
@@ -313,6 +315,10 @@ struct Worker {
     metrics: Arc<Metrics>,
     config: WorkerConfig,
     partitions: HashMap<i64, PartitionState>,
+    /// The partitions whose queue holds messages, in ascending id order:
+    /// all a flush looks at, so that its cost follows the work waiting and
+    /// not the partitions the shard has seen. Each has a state.
+    queued: BTreeSet<i64>,
     requests: HashMap<u64, RequestState>,
     next_request: u64,
     /// The cache's clock: a lower bound of PostgreSQL's, held monotone.
@@ -495,7 +501,7 @@ impl Worker {
                 Some(done) = self.in_flight.next(), if !self.in_flight.is_empty() => self.complete(done),
                 _ = housekeeping.tick() => self.housekeeping(),
             }
-            if !open && self.in_flight.is_empty() && self.partitions.values().all(|p| p.queue.is_empty()) {
+            if !open && self.in_flight.is_empty() && self.queued.is_empty() {
                 break;
             }
             self.flush_ready();
@@ -551,6 +557,7 @@ impl Worker {
         let partition = self.touch(push.partition_id, push.window_seconds, push.window_read_at);
         let indexed = push.messages.into_iter().enumerate().map(|(i, m)| (u32::try_from(i).expect("requests are bounded"), m));
         partition.queue.add(request, indexed);
+        self.queued.insert(push.partition_id);
     }
 
     /// Sends every ready partition's next segment as one bundle, and a
@@ -560,24 +567,28 @@ impl Worker {
         self.flush_contended();
     }
 
-    /// Sends every ready partition that is not contended as one bundle.
+    /// Sends every ready partition that is not contended as one bundle, in
+    /// ascending partition order: bundles stay deterministic, and the push
+    /// function takes its locks in that order anyway.
     fn flush_shared(&mut self) {
         if self.bundles_in_flight >= self.config.max_in_flight {
             return;
         }
         let mut segments: Vec<InFlight> = Vec::new();
-        for (&partition_id, partition) in &mut self.partitions {
-            if partition.busy || partition.queue.is_empty() || partition.contended.is_some() {
-                continue;
+        let partitions = &mut self.partitions;
+        let max_segment = self.config.max_segment;
+        self.queued.retain(|&partition_id| {
+            let partition = partitions.get_mut(&partition_id).expect("a queued partition has a state");
+            if partition.busy || partition.contended.is_some() {
+                return true;
             }
-            segments.push(partition.take_in_flight(partition_id, self.config.max_segment));
-        }
+            segments.push(partition.take_in_flight(partition_id, max_segment));
+            !partition.queue.is_empty()
+        });
         if segments.is_empty() {
             return;
         }
-        // Ascending partition order keeps bundles deterministic; the push
-        // function takes its locks in that order anyway.
-        segments.sort_by_key(|s| s.partition_id);
+        debug_assert!(segments.is_sorted_by_key(|s| s.partition_id));
         self.bundles_in_flight += 1;
         self.send(Lane::Shared, segments);
     }
@@ -589,14 +600,19 @@ impl Worker {
             return;
         }
         let next = self
-            .partitions
-            .iter_mut()
-            .filter(|(_, p)| !p.busy && !p.queue.is_empty())
-            .filter_map(|(&id, p)| Some((p.contended?, id, p)))
-            .min_by_key(|(last_out, id, _)| (*last_out, *id));
-        let Some((_, partition_id, partition)) = next else { return };
+            .queued
+            .iter()
+            .map(|id| (*id, &self.partitions[id]))
+            .filter(|(_, p)| !p.busy)
+            .filter_map(|(id, p)| Some((p.contended?, id)))
+            .min();
+        let Some((_, partition_id)) = next else { return };
+        let partition = self.partitions.get_mut(&partition_id).expect("a queued partition has a state");
         partition.contended = Some(Instant::now());
         let segment = partition.take_in_flight(partition_id, self.config.max_segment);
+        if partition.queue.is_empty() {
+            self.queued.remove(&partition_id);
+        }
         self.contended_in_flight = true;
         self.send(Lane::Contended, vec![segment]);
     }
@@ -1009,6 +1025,7 @@ impl Worker {
         // Forget the state of partitions idle for as long as the metadata
         // memo lives; their cache entries stay.
         self.partitions.retain(|_, p| p.busy || !p.queue.is_empty() || p.last_used.elapsed() < METADATA_TTL);
+        debug_assert!(self.queued.iter().all(|id| !self.partitions[id].queue.is_empty()));
         let stats = self.cache.stats();
         self.metrics.publish_shard(self.id, &stats, self.cache.rebuilds());
         if stats.suppressed > 0 {
