@@ -266,12 +266,18 @@ impl PartitionMemo {
         self.by_queue.get(name.queue)?.get(name.partition).copied()
     }
 
-    fn insert(&mut self, queue: &ByteString, partition: &ByteString, read: MetaRead) {
+    /// Memoises `read` under copies of the names. A request's names are
+    /// views of its body, and a view held here would keep the whole buffer
+    /// the body arrived in (a connection's read buffer, kilobytes) alive for
+    /// as long as the memo holds the partition, outside the bound on what
+    /// requests in progress hold.
+    fn insert(&mut self, queue: &str, partition: &str, read: MetaRead) {
         if self.len >= METADATA_CAP {
             self.by_queue.clear();
             self.len = 0;
         }
-        let previous = self.by_queue.entry(queue.clone()).or_default().insert(partition.clone(), read);
+        let partitions = self.by_queue.entry(ByteString::from(queue)).or_default();
+        let previous = partitions.insert(ByteString::from(partition), read);
         if previous.is_none() {
             self.len += 1;
         }
@@ -443,6 +449,20 @@ mod tests {
             payload: Payload::null(),
             transaction_id: id.map(Into::into),
         }
+    }
+
+    #[test]
+    fn the_metadata_memo_holds_no_view_of_a_request_body() {
+        let body = bytes::Bytes::from(b"orders eu".to_vec());
+        let queue = ByteString::try_from(body.slice(0..6)).expect("UTF-8");
+        let partition = ByteString::try_from(body.slice(7..9)).expect("UTF-8");
+        let meta = PartitionMeta { id: 7, window_seconds: 3600, last_offset: -1, txns_start: 0 };
+        let mut memo = PartitionMemo::default();
+        memo.insert(&queue, &partition, MetaRead { meta, read_at: Instant::now() });
+        drop((queue, partition));
+        assert!(body.is_unique(), "the memo keeps the body's buffer alive");
+        let memoised = memo.get(PartitionName { queue: "orders", partition: "eu" }).expect("memoised");
+        assert_eq!(memoised.meta.id, 7);
     }
 
     #[test]
