@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 pub use crate::shard::PushFailure;
 use crate::shard::{METADATA_TTL, Outcome, PartitionPushRequest, ShardHandle, VouchRequest};
 
-/// Most memoised partitions; beyond it the memo starts afresh.
+/// Most memoised partitions (see [`PartitionMemo`]).
 const METADATA_CAP: usize = 100_000;
 
 /// One item's answer, in request order.
@@ -252,16 +252,51 @@ impl Gateway {
 }
 
 /// Partitions' metadata by queue and partition name, at most
-/// [`METADATA_CAP`] of them (beyond it the memo starts afresh). Keyed by
-/// queue, then partition, so that a lookup by borrowed names allocates
-/// nothing: it runs for every partition of every push.
+/// [`METADATA_CAP`] of them, in two generations: a partition is memoised in
+/// the newer one, and when that holds half the cap it becomes the older one
+/// and the older one is dropped. Every partition in use is read again each
+/// [`METADATA_TTL`], into the newer generation, so while fewer than half the
+/// cap are in use, none is dropped while fresh; with more, the busiest are
+/// still found, and none costs more than a read each time it expires.
 #[derive(Debug, Default)]
 struct PartitionMemo {
+    newer: MemoGeneration,
+    older: MemoGeneration,
+}
+
+impl PartitionMemo {
+    fn get(&self, name: PartitionName<'_>) -> Option<MetaRead> {
+        self.newer.get(name).or_else(|| self.older.get(name))
+    }
+
+    fn insert(&mut self, queue: &str, partition: &str, read: MetaRead) {
+        if self.newer.len >= METADATA_CAP / 2 {
+            self.older = std::mem::take(&mut self.newer);
+        }
+        self.newer.insert(queue, partition, read);
+    }
+
+    fn forget_queue(&mut self, queue: &str) {
+        self.newer.forget_queue(queue);
+        self.older.forget_queue(queue);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.newer.len + self.older.len
+    }
+}
+
+/// One generation of the memo. Keyed by queue, then partition, so that a
+/// lookup by borrowed names allocates nothing: it runs for every partition
+/// of every push.
+#[derive(Debug, Default)]
+struct MemoGeneration {
     by_queue: HashMap<ByteString, HashMap<ByteString, MetaRead>>,
     len: usize,
 }
 
-impl PartitionMemo {
+impl MemoGeneration {
     fn get(&self, name: PartitionName<'_>) -> Option<MetaRead> {
         self.by_queue.get(name.queue)?.get(name.partition).copied()
     }
@@ -272,10 +307,6 @@ impl PartitionMemo {
     /// as long as the memo holds the partition, outside the bound on what
     /// requests in progress hold.
     fn insert(&mut self, queue: &str, partition: &str, read: MetaRead) {
-        if self.len >= METADATA_CAP {
-            self.by_queue.clear();
-            self.len = 0;
-        }
         let partitions = self.by_queue.entry(ByteString::from(queue)).or_default();
         let previous = partitions.insert(ByteString::from(partition), read);
         if previous.is_none() {
@@ -463,6 +494,28 @@ mod tests {
         assert!(body.is_unique(), "the memo keeps the body's buffer alive");
         let memoised = memo.get(PartitionName { queue: "orders", partition: "eu" }).expect("memoised");
         assert_eq!(memoised.meta.id, 7);
+    }
+
+    #[test]
+    fn the_memo_keeps_the_partitions_read_again_and_at_most_its_cap() {
+        let read = |id| MetaRead {
+            meta: PartitionMeta { id, window_seconds: 60, last_offset: -1, txns_start: 0 },
+            read_at: Instant::now(),
+        };
+        let id_of = |memo: &PartitionMemo, partition: &str| memo.get(PartitionName { queue: "q", partition }).map(|r| r.meta.id);
+        let cap = METADATA_CAP as i64;
+        let mut memo = PartitionMemo::default();
+        for i in 0..2 * cap {
+            // A busy partition is read again each time its entry expires.
+            if i % (cap / 4) == 0 {
+                memo.insert("q", "busy", read(-1));
+            }
+            memo.insert("q", &format!("p{i}"), read(i));
+            assert!(memo.len() <= METADATA_CAP);
+        }
+        assert_eq!(id_of(&memo, "busy"), Some(-1));
+        assert_eq!(id_of(&memo, &format!("p{}", 2 * cap - 1)), Some(2 * cap - 1));
+        assert_eq!(id_of(&memo, "p0"), None, "the oldest partitions make room");
     }
 
     #[test]
