@@ -100,6 +100,34 @@ async fn functions_from_an_older_build_are_replaced_once() {
     assert_eq!(applied(&t).await, all_versions());
 }
 
+/// A database a later build migrated keeps that build's functions: this
+/// build, started against it (a gateway not yet upgraded, or rolled back),
+/// calls them and replaces none.
+#[tokio::test]
+async fn functions_of_a_later_build_stay_in_place() {
+    let t = TestDb::unmigrated(1).await;
+    let mut later = MIGRATIONS.to_vec();
+    later.push(Migration { version: 1000, name: "a later build's", sql: "SELECT 1" });
+    t.db.migrate_with(&later).await.unwrap();
+    let c = t.client().await;
+    c.batch_execute(
+        "CREATE OR REPLACE FUNCTION stile.option_defaults() RETURNS jsonb LANGUAGE sql IMMUTABLE \
+             AS $$ SELECT '{\"later\": true}'::jsonb $$; \
+         DELETE FROM stile.function_sets; INSERT INTO stile.function_sets (checksum) VALUES ('a later build')",
+    )
+    .await
+    .unwrap();
+    t.db.migrate().await.unwrap();
+    let defaults: String = c.query_one("SELECT stile.option_defaults()::text AS defaults", &[]).await.unwrap().get("defaults");
+    assert_eq!(defaults, r#"{"later": true}"#, "the later build's function was replaced");
+    let sets: Vec<String> =
+        c.query("SELECT checksum FROM stile.function_sets", &[]).await.unwrap().iter().map(|r| r.get("checksum")).collect();
+    assert_eq!(sets, ["a later build"]);
+    let mut versions = all_versions();
+    versions.push(1000);
+    assert_eq!(applied(&t).await, versions);
+}
+
 /// The functions are applied after every versioned migration: one that
 /// drops a function the set defines leaves it defined, on a fresh database
 /// and on one migrated before it.

@@ -76,6 +76,20 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client, migrations: &[Mi
     }
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+    let migrated_to: i32 = tx
+        .query_one("SELECT coalesce(max(version), 0) AS version FROM stile.schema_migrations", &[])
+        .await?
+        .try_get("version")?;
+    if migrated_to > latest {
+        // A later build migrated this database, and its functions are in
+        // place: they keep the signatures of the build before it, which
+        // this one calls, and this build's would take back what that
+        // build's schema relies on. An operator rolling gateways forward one
+        // at a time, or back, leaves them alone.
+        tracing::info!(migrated_to, latest, "the database was migrated by a later build; its functions stay in place");
+        tx.commit().await?;
+        return Ok(());
+    }
     let checksum = checksum(FUNCTIONS);
     let recorded = tx.query_opt("SELECT 1 FROM stile.function_sets WHERE checksum = $1", &[&checksum]).await?.is_some();
     if !recorded {
