@@ -73,6 +73,11 @@ impl WasmEngine {
     pub fn new(component: &[u8]) -> anyhow::Result<WasmEngine> {
         let mut config = Config::new();
         config.epoch_interruption(true);
+        // Compiled on this thread: the component is small (about 40 ms
+        // more at start), and a pool of compiler threads would sit idle for
+        // the process's life holding what compiling allocated (about 50 MB
+        // resident, with mimalloc's per-thread heaps).
+        config.parallel_compilation(false);
         let engine = Engine::new(&config)?;
         let component = Component::new(&engine, component).map_err(anyhow::Error::from).context("compile the cache component")?;
         let linker = Linker::<StoreState>::new(&engine);
