@@ -1,5 +1,7 @@
 //! Versioned, idempotent migrations of the `stile` schema.
 
+use deadpool_postgres::GenericClient;
+
 use super::DbError;
 
 /// One migration: a version, a name and the SQL applied in one transaction.
@@ -76,10 +78,7 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client, migrations: &[Mi
     }
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
-    let migrated_to: i32 = tx
-        .query_one("SELECT coalesce(max(version), 0) AS version FROM stile.schema_migrations", &[])
-        .await?
-        .try_get("version")?;
+    let migrated_to = version(&tx).await?;
     if migrated_to > latest {
         // A later build migrated this database, and its functions are in
         // place: they keep the signatures of the build before it, which
@@ -124,7 +123,7 @@ fn checksum(sql: &str) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(sql.as_bytes()))
 }
 
-pub(super) async fn version(client: &tokio_postgres::Client) -> Result<i32, DbError> {
+pub(super) async fn version(client: &impl GenericClient) -> Result<i32, DbError> {
     let exists: bool =
         client.query_one("SELECT to_regclass('stile.schema_migrations') IS NOT NULL AS exists", &[]).await?.try_get("exists")?;
     if !exists {
