@@ -404,6 +404,72 @@ AS $$
      WHERE k.j <> ALL (p_dup_idx)
 $$;
 
+-- The earliest clock at which a bundle's vouches hold, from the cache's
+-- clock floor in ms since the epoch: never for NULL (or past the largest
+-- timestamp), always below 0. Inlined, as above.
+CREATE OR REPLACE FUNCTION stile.vouches_hold_from(p_clock_floor_ms bigint)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_clock_floor_ms IS NULL OR p_clock_floor_ms > 253402300799999 THEN 'infinity'::timestamptz
+                WHEN p_clock_floor_ms < 0 THEN '-infinity'::timestamptz
+                ELSE to_timestamp(p_clock_floor_ms / 1000.0) END
+$$;
+
+-- The cache's vouch for a segment (its p_verified), or -1 (none) where this
+-- database's clock (p_now) is behind the floor it assumed: it judged which
+-- hashes are older than the window by that time. Inlined, as above.
+CREATE OR REPLACE FUNCTION stile.vouch(p_verified bigint, p_now timestamptz, p_holds_from timestamptz)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_now < p_holds_from THEN -1 ELSE greatest(coalesce(p_verified, -1), -1) END
+$$;
+
+-- Whether a segment has the shape stile.push takes: a partition, at least one
+-- message, 16 bytes of hash and of message id per message, and its
+-- transactionIds and payloads. Inlined, as above.
+CREATE OR REPLACE FUNCTION stile.segment_well_formed(
+    p_partition_id bigint,
+    p_count integer,
+    p_hashes bytea,
+    p_message_ids bytea,
+    p_transaction_ids text,
+    p_payloads text
+)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT coalesce(p_partition_id IS NOT NULL AND p_count >= 1
+                    AND length(p_hashes) = 16 * p_count AND length(p_message_ids) = 16 * p_count
+                    AND p_transaction_ids IS NOT NULL AND p_payloads IS NOT NULL, false)
+$$;
+
+-- How a segment is probed, from its partition's window (p_window), allocator
+-- (p_last) and purge watermark (p_start) and the bound from stile.probe_from:
+-- 'off' (window 0), 'skipped' (nothing stored above the bound), 'narrowed'
+-- (the bound set by the cache's vouch) or 'full' (the bound at the purge
+-- watermark). Inlined, as above.
+CREATE OR REPLACE FUNCTION stile.probe_kind(p_window integer, p_last bigint, p_from bigint, p_start bigint)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_window = 0 THEN 'off' WHEN p_last <= p_from THEN 'skipped'
+                WHEN p_from >= p_start THEN 'narrowed' ELSE 'full' END
+$$;
+
+-- Whether a segment's verdict needs no probe: window 0, nothing stored above
+-- the purge watermark (p_start), or the cache vouches (p_vouched, from
+-- stile.vouched_upto) for every stored offset. Exactly when stile.probe_kind
+-- answers 'off' or 'skipped' for the bound stile.probe_from gives with the
+-- allocator itself as p_locked. Inlined into the allocator's condition.
+CREATE OR REPLACE FUNCTION stile.nothing_to_probe(p_window integer, p_last bigint, p_start bigint, p_vouched bigint)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_window = 0 OR p_last < p_start OR p_last <= p_vouched
+$$;
+
 -- Pushes a bundle of segments, for one or several partitions, in one
 -- transaction. Segment i (1-based in the arrays, reported 0-based as `seg`):
 --   p_partition_ids[i]    its partition
@@ -484,137 +550,111 @@ AS $$
 DECLARE
     v_n integer := coalesce(cardinality(p_partition_ids), 0);
     v_order integer[] := stile.lock_order(p_partition_ids);
-    -- The earliest clock at which the cache's vouches hold (none for NULL).
-    v_floor timestamptz := CASE WHEN p_clock_floor_ms IS NULL OR p_clock_floor_ms > 253402300799999 THEN 'infinity'
-                                WHEN p_clock_floor_ms < 0 THEN '-infinity'
-                                ELSE to_timestamp(p_clock_floor_ms / 1000.0) END;
+    v_holds_from timestamptz := stile.vouches_hold_from(p_clock_floor_ms);
     i integer;
     v_pid bigint;
-    v_locked_pid bigint;  -- the partition whose row this loop holds and reads below
+    v_locked_pid bigint;  -- the partition whose row this call holds and reads below
     v_locked bigint;      -- its allocator at lock time
     v_last bigint;        -- its allocator, kept current through the bundle
     v_start bigint;       -- its purge watermark
     v_window integer;     -- its queue's window (read under the lock)
-    v_count integer;
-    v_from bigint;
+    v_count integer;      -- the segment's messages, then those it stores
     v_now timestamptz;
-    v_narrowed boolean;
     v_vouch bigint;       -- p_verified, or -1 where the clock floor voids it
     v_planned integer;    -- the window the cache planned under
-    v_kept record;
+    v_from bigint;        -- the bound the probe reads above
+    v_allocated boolean;  -- whether the verdict and the allocation were one statement
+    v_kept stile.log%ROWTYPE;  -- the columns of a segment stored less its duplicates
+    v_complete boolean;
     v_stored boolean := false;  -- whether any segment wrote a log row
 BEGIN
     IF coalesce(cardinality(p_verified), 0) <> v_n OR coalesce(cardinality(p_planned_windows), 0) <> v_n
        OR coalesce(cardinality(p_counts), 0) <> v_n OR coalesce(cardinality(p_hashes), 0) <> v_n
        OR coalesce(cardinality(p_message_ids), 0) <> v_n OR coalesce(cardinality(p_transaction_ids), 0) <> v_n
        OR coalesce(cardinality(p_payloads), 0) <> v_n THEN
-        RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length'
-            USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR j IN 1 .. v_n LOOP
         i := coalesce(v_order[j], j);
         v_pid := p_partition_ids[i];
         v_count := p_counts[i];
-        -- A malformed segment fails the call, which rolls back every
-        -- segment before it: the bundle is refused whole.
-        IF v_count IS NULL OR v_count < 1 OR v_pid IS NULL
-           OR length(p_hashes[i]) IS DISTINCT FROM 16 * v_count
-           OR length(p_message_ids[i]) IS DISTINCT FROM 16 * v_count
-           OR p_transaction_ids[i] IS NULL OR p_payloads[i] IS NULL THEN
+        -- A malformed segment fails the call, which rolls back every segment
+        -- before it: the bundle is refused whole.
+        IF NOT stile.segment_well_formed(v_pid, v_count, p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i]) THEN
             RAISE EXCEPTION 'stile.push: segment % has % messages, % hash bytes and % message id bytes',
-                i - 1, v_count, length(p_hashes[i]), length(p_message_ids[i])
-                USING ERRCODE = 'invalid_parameter_value';
+                i - 1, v_count, length(p_hashes[i]), length(p_message_ids[i]) USING ERRCODE = 'invalid_parameter_value';
         END IF;
         v_now := clock_timestamp();
+        -- What does not depend on the partition's row is computed here, once:
+        -- PostgreSQL compiles a statement's condition on every run.
+        v_vouch := stile.vouch(p_verified[i], v_now, v_holds_from);
+        v_planned := coalesce(p_planned_windows[i], 0);
         seg := i - 1;
         clock_ms := floor(extract(epoch FROM v_now) * 1000)::bigint;
         dup_idx := NULL;
         dup_off := NULL;
         dup_ids := NULL;
-        -- The parts of the vouch that do not depend on the partition's row
-        -- are computed here, once: PostgreSQL compiles a statement's
-        -- condition on every run.
-        v_vouch := CASE WHEN v_now < v_floor THEN -1 ELSE greatest(coalesce(p_verified[i], -1), -1) END;
-        v_planned := coalesce(p_planned_windows[i], 0);
+        v_allocated := false;
         IF v_pid IS DISTINCT FROM v_locked_pid THEN
-            -- The verdict and the allocation in one statement: the
-            -- allocator's UPDATE finds its row only where its condition,
-            -- evaluated on the row it locks (the latest version), holds:
-            -- window 0, or last_offset <= stile.probe_from(...), which holds
-            -- exactly when nothing is stored above the purge watermark or
-            -- the vouch covers every stored offset.
+            -- Lock: the verdict and the allocation are one statement where
+            -- the allocator's condition holds, evaluated on the row the
+            -- UPDATE locks (its latest version); otherwise the row is locked
+            -- and the probe decides.
             UPDATE stile.partitions p
                SET last_offset = p.last_offset + v_count
              WHERE p.id = v_pid
-               AND (p.dedup_window_seconds = 0 OR p.last_offset < p.txns_start
-                    OR p.last_offset <= stile.vouched_upto(v_vouch, v_planned, p.dedup_window_seconds))
+               AND stile.nothing_to_probe(p.dedup_window_seconds, p.last_offset, p.txns_start,
+                                          stile.vouched_upto(v_vouch, v_planned, p.dedup_window_seconds))
             RETURNING p.last_offset, p.txns_start, p.dedup_window_seconds INTO v_last, v_start, v_window;
-            IF FOUND THEN
-                INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
-                                       transaction_ids, payloads)
-                VALUES (v_pid, v_last, v_last - v_count + 1, v_now, p_hashes[i], p_message_ids[i],
-                        p_transaction_ids[i], p_payloads[i]);
-                v_locked := v_last - v_count;
-                probe := CASE WHEN v_window = 0 THEN 'off' ELSE 'skipped' END;
-                window_seconds := v_window;
-                base_offset := v_last - v_count + 1;
-                created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
-                v_locked_pid := v_pid;
-                v_stored := true;
-                RETURN NEXT;
-                CONTINUE;
+            v_allocated := FOUND;
+            IF NOT v_allocated THEN
+                SELECT p.last_offset, p.txns_start, p.dedup_window_seconds INTO v_last, v_start, v_window
+                  FROM stile.partitions p WHERE p.id = v_pid FOR UPDATE;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'stile.push: unknown partition id %', v_pid USING ERRCODE = 'foreign_key_violation';
+                END IF;
             END IF;
-            SELECT p.last_offset, p.txns_start, p.dedup_window_seconds
-              INTO v_last, v_start, v_window
-              FROM stile.partitions p
-             WHERE p.id = v_pid
-               FOR UPDATE;
-            IF NOT FOUND THEN
-                RAISE EXCEPTION 'stile.push: unknown partition id %', v_pid
-                    USING ERRCODE = 'foreign_key_violation';
-            END IF;
-            v_locked := v_last;
             v_locked_pid := v_pid;
+            v_locked := v_last - CASE WHEN v_allocated THEN v_count ELSE 0 END;
         END IF;
-        v_from := stile.probe_from(stile.vouched_upto(v_vouch, v_planned, v_window), v_locked, v_start);
-        probe := CASE WHEN v_window = 0 THEN 'off' WHEN v_last <= v_from THEN 'skipped'
-                      WHEN v_from >= v_start THEN 'narrowed' ELSE 'full' END;
-        IF probe IN ('narrowed', 'full') THEN
-            v_narrowed := probe = 'narrowed';
-            SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
-              FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], v_narrowed) AS r;
+        IF v_allocated THEN
+            probe := CASE WHEN v_window = 0 THEN 'off' ELSE 'skipped' END;
+        ELSE
+            -- Bound the probe, probe, and allocate what it proved new.
+            v_from := stile.probe_from(stile.vouched_upto(v_vouch, v_planned, v_window), v_locked, v_start);
+            probe := stile.probe_kind(v_window, v_last, v_from, v_start);
+            IF probe IN ('narrowed', 'full') THEN
+                SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
+                  FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed') AS r;
+            END IF;
+            v_count := v_count - coalesce(cardinality(dup_idx), 0);
+            IF v_count > 0 THEN
+                v_last := v_last + v_count;
+                UPDATE stile.partitions SET last_offset = v_last WHERE id = v_pid;
+            END IF;
         END IF;
-        v_count := v_count - coalesce(cardinality(dup_idx), 0);
         window_seconds := v_window;
         base_offset := NULL;
         created_ms := NULL;
         IF v_count > 0 THEN
-            v_last := v_last + v_count;
-            IF dup_idx IS NULL THEN
-                WITH allocated AS (
-                    UPDATE stile.partitions SET last_offset = v_last WHERE id = v_pid
-                )
-                INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
-                                       transaction_ids, payloads)
-                VALUES (v_pid, v_last, v_last - v_count + 1, v_now, p_hashes[i], p_message_ids[i],
-                        p_transaction_ids[i], p_payloads[i]);
-            ELSE
-                -- Some duplicates: the others are written without them, in
-                -- their order, in this same transaction.
-                SELECT k.hashes, k.message_ids, k.transaction_ids, k.payloads, k.complete INTO v_kept
+            -- Store: one log row of the segment's messages, less its
+            -- duplicates when it has some, in their order.
+            IF dup_idx IS NOT NULL THEN
+                SELECT k.hashes, k.message_ids, k.transaction_ids, k.payloads, k.complete
+                  INTO v_kept.hashes, v_kept.message_ids, v_kept.transaction_ids, v_kept.payloads, v_complete
                   FROM stile.kept_columns(p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i], dup_idx) AS k;
-                IF NOT v_kept.complete THEN
+                IF NOT v_complete THEN
                     RAISE EXCEPTION 'stile.push: segment % does not hold % transactionIds and payloads', i - 1, p_counts[i]
                         USING ERRCODE = 'invalid_parameter_value';
                 END IF;
-                WITH allocated AS (
-                    UPDATE stile.partitions SET last_offset = v_last WHERE id = v_pid
-                )
-                INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
-                                       transaction_ids, payloads)
-                VALUES (v_pid, v_last, v_last - v_count + 1, v_now, v_kept.hashes, v_kept.message_ids,
-                        v_kept.transaction_ids, v_kept.payloads);
             END IF;
+            INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
+                                   transaction_ids, payloads)
+            VALUES (v_pid, v_last, v_last - v_count + 1, v_now,
+                    CASE WHEN dup_idx IS NULL THEN p_hashes[i] ELSE v_kept.hashes END,
+                    CASE WHEN dup_idx IS NULL THEN p_message_ids[i] ELSE v_kept.message_ids END,
+                    CASE WHEN dup_idx IS NULL THEN p_transaction_ids[i] ELSE v_kept.transaction_ids END,
+                    CASE WHEN dup_idx IS NULL THEN p_payloads[i] ELSE v_kept.payloads END);
             base_offset := v_last - v_count + 1;
             -- Rounded up: a cache that expires hashes by this time never
             -- expires one before SQL would.
