@@ -1018,6 +1018,12 @@ async fn a_bundle_whose_shapes_do_not_add_up_stores_none_of_its_segments() {
             c.query(push, &[&p.id, &ids, &2i32, &hashes(hash_count), &uuid_bytes(id_count), &txns, &payloads]).await.unwrap_err();
         assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("22023"), "{e}");
     }
+    // One of its per-segment arrays is a segment short.
+    let short = "SELECT * FROM stile.push($1, $2, ARRAY[-1]::bigint[], ARRAY[3600, 3600], ARRAY[1, 2], \
+                 $3::bytea[], $4::bytea[], $5::text[], $6::text[], 0)";
+    let e = c.query(short, &[&p.id, &ids, &hashes(2), &uuid_bytes(2), &txns, &payloads]).await.unwrap_err();
+    assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("22023"), "{e}");
+    assert!(e.as_db_error().is_some_and(|d| d.message().contains("differ in length")), "{e:?}");
     // Its JSON arrays hold fewer elements than it has messages: found when
     // a duplicate makes the function rebuild them.
     let first =

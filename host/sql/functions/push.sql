@@ -470,6 +470,58 @@ AS $$
     SELECT p_window = 0 OR p_last < p_start OR p_last <= p_vouched
 $$;
 
+-- Whether each of a bundle's per-segment arrays holds p_n elements (a NULL
+-- array holds none). Inlined, as above.
+CREATE OR REPLACE FUNCTION stile.bundle_aligned(
+    p_n integer,
+    p_verified bigint[],
+    p_planned_windows integer[],
+    p_counts integer[],
+    p_hashes bytea[],
+    p_message_ids bytea[],
+    p_transaction_ids text[],
+    p_payloads text[]
+)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_n = ALL (ARRAY[coalesce(cardinality(p_verified), 0), coalesce(cardinality(p_planned_windows), 0),
+                            coalesce(cardinality(p_counts), 0), coalesce(cardinality(p_hashes), 0),
+                            coalesce(cardinality(p_message_ids), 0), coalesce(cardinality(p_transaction_ids), 0),
+                            coalesce(cardinality(p_payloads), 0)])
+$$;
+
+-- The columns of a log row holding segment p_seg's messages less its
+-- duplicates (stile.kept_columns). A segment whose JSON arrays do not hold
+-- one element per hash fails the call, and with it the bundle: nothing of a
+-- malformed bundle is stored.
+CREATE OR REPLACE FUNCTION stile.kept_segment(
+    p_seg integer,
+    p_hashes bytea,
+    p_message_ids bytea,
+    p_transaction_ids text,
+    p_payloads text,
+    p_dup_idx integer[],
+    OUT hashes bytea,
+    OUT message_ids bytea,
+    OUT transaction_ids text,
+    OUT payloads text
+)
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_complete boolean;
+BEGIN
+    SELECT k.hashes, k.message_ids, k.transaction_ids, k.payloads, k.complete
+      INTO hashes, message_ids, transaction_ids, payloads, v_complete
+      FROM stile.kept_columns(p_hashes, p_message_ids, p_transaction_ids, p_payloads, p_dup_idx) AS k;
+    IF NOT v_complete THEN
+        RAISE EXCEPTION 'stile.push: segment % does not hold % transactionIds and payloads', p_seg, length(p_hashes) / 16
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+
 -- Pushes a bundle of segments, for one or several partitions, in one
 -- transaction. Segment i (1-based in the arrays, reported 0-based as `seg`):
 --   p_partition_ids[i]    its partition
@@ -565,13 +617,10 @@ DECLARE
     v_from bigint;        -- the bound the probe reads above
     v_allocated boolean;  -- whether the verdict and the allocation were one statement
     v_kept stile.log%ROWTYPE;  -- the columns of a segment stored less its duplicates
-    v_complete boolean;
     v_stored boolean := false;  -- whether any segment wrote a log row
 BEGIN
-    IF coalesce(cardinality(p_verified), 0) <> v_n OR coalesce(cardinality(p_planned_windows), 0) <> v_n
-       OR coalesce(cardinality(p_counts), 0) <> v_n OR coalesce(cardinality(p_hashes), 0) <> v_n
-       OR coalesce(cardinality(p_message_ids), 0) <> v_n OR coalesce(cardinality(p_transaction_ids), 0) <> v_n
-       OR coalesce(cardinality(p_payloads), 0) <> v_n THEN
+    IF NOT stile.bundle_aligned(v_n, p_verified, p_planned_windows, p_counts, p_hashes, p_message_ids,
+                                p_transaction_ids, p_payloads) THEN
         RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR j IN 1 .. v_n LOOP
@@ -591,15 +640,12 @@ BEGIN
         v_planned := coalesce(p_planned_windows[i], 0);
         seg := i - 1;
         clock_ms := floor(extract(epoch FROM v_now) * 1000)::bigint;
-        dup_idx := NULL;
-        dup_off := NULL;
-        dup_ids := NULL;
+        base_offset := NULL; created_ms := NULL; dup_idx := NULL; dup_off := NULL; dup_ids := NULL;
         v_allocated := false;
         IF v_pid IS DISTINCT FROM v_locked_pid THEN
-            -- Lock: the verdict and the allocation are one statement where
-            -- the allocator's condition holds, evaluated on the row the
-            -- UPDATE locks (its latest version); otherwise the row is locked
-            -- and the probe decides.
+            -- Lock: the verdict and the allocation are one statement where the
+            -- allocator's condition holds on the row the UPDATE locks (its
+            -- latest version); otherwise the row is locked and the probe decides.
             UPDATE stile.partitions p
                SET last_offset = p.last_offset + v_count
              WHERE p.id = v_pid
@@ -617,56 +663,44 @@ BEGIN
             v_locked_pid := v_pid;
             v_locked := v_last - CASE WHEN v_allocated THEN v_count ELSE 0 END;
         END IF;
-        IF v_allocated THEN
-            probe := CASE WHEN v_window = 0 THEN 'off' ELSE 'skipped' END;
-        ELSE
-            -- Bound the probe, probe, and allocate what it proved new.
-            v_from := stile.probe_from(stile.vouched_upto(v_vouch, v_planned, v_window), v_locked, v_start);
-            probe := stile.probe_kind(v_window, v_last, v_from, v_start);
-            IF probe IN ('narrowed', 'full') THEN
-                SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
-                  FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed') AS r;
-            END IF;
+        -- Bound the probe (nothing lies above an allocation just made),
+        -- probe, and allocate what it proved new.
+        v_from := CASE WHEN v_allocated THEN v_last
+                       ELSE stile.probe_from(stile.vouched_upto(v_vouch, v_planned, v_window), v_locked, v_start) END;
+        probe := stile.probe_kind(v_window, v_last, v_from, v_start);
+        IF probe IN ('narrowed', 'full') THEN
+            SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
+              FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed') AS r;
             v_count := v_count - coalesce(cardinality(dup_idx), 0);
-            IF v_count > 0 THEN
-                v_last := v_last + v_count;
-                UPDATE stile.partitions SET last_offset = v_last WHERE id = v_pid;
-            END IF;
+        END IF;
+        IF NOT v_allocated AND v_count > 0 THEN
+            v_last := v_last + v_count;
+            UPDATE stile.partitions SET last_offset = v_last WHERE id = v_pid;
         END IF;
         window_seconds := v_window;
-        base_offset := NULL;
-        created_ms := NULL;
         IF v_count > 0 THEN
-            -- Store: one log row of the segment's messages, less its
-            -- duplicates when it has some, in their order.
+            -- Store: one log row of its messages less its duplicates, in order.
             IF dup_idx IS NOT NULL THEN
-                SELECT k.hashes, k.message_ids, k.transaction_ids, k.payloads, k.complete
-                  INTO v_kept.hashes, v_kept.message_ids, v_kept.transaction_ids, v_kept.payloads, v_complete
-                  FROM stile.kept_columns(p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i], dup_idx) AS k;
-                IF NOT v_complete THEN
-                    RAISE EXCEPTION 'stile.push: segment % does not hold % transactionIds and payloads', i - 1, p_counts[i]
-                        USING ERRCODE = 'invalid_parameter_value';
-                END IF;
+                SELECT k.* INTO v_kept.hashes, v_kept.message_ids, v_kept.transaction_ids, v_kept.payloads
+                  FROM stile.kept_segment(i - 1, p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i], dup_idx) AS k;
             END IF;
-            INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids,
-                                   transaction_ids, payloads)
+            INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids, transaction_ids, payloads)
             VALUES (v_pid, v_last, v_last - v_count + 1, v_now,
                     CASE WHEN dup_idx IS NULL THEN p_hashes[i] ELSE v_kept.hashes END,
                     CASE WHEN dup_idx IS NULL THEN p_message_ids[i] ELSE v_kept.message_ids END,
                     CASE WHEN dup_idx IS NULL THEN p_transaction_ids[i] ELSE v_kept.transaction_ids END,
                     CASE WHEN dup_idx IS NULL THEN p_payloads[i] ELSE v_kept.payloads END);
             base_offset := v_last - v_count + 1;
-            -- Rounded up: a cache that expires hashes by this time never
-            -- expires one before SQL would.
+            -- Rounded up, so that no cache expires a hash before SQL would.
             created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
             v_stored := true;
         END IF;
         RETURN NEXT;
     END LOOP;
-    -- A call that stored nothing wrote only row locks, and every original
-    -- it answered with was durable before it was visible: where the session
-    -- says each call is a transaction of its own (a gateway's shard
-    -- connections do), that commit need not wait for its WAL to be flushed.
+    -- A call that stored nothing wrote only row locks, and every original it
+    -- named was durable before it was visible: where each call is a
+    -- transaction of its own (a gateway's shard connections say so), its
+    -- commit need not wait for its WAL to be flushed.
     IF NOT v_stored AND current_setting('stile.autocommit_push', true) = 'on' THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
