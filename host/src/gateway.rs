@@ -146,6 +146,7 @@ impl Gateway {
                 message_ids: messages.iter().map(|m| m.message_id).collect(),
                 transaction_ids: messages.iter().map(|m| m.transaction_id.clone()).collect(),
                 payloads: messages.iter().map(|m| m.payload.clone()).collect(),
+                hash_floors: None,
             });
         }
         let outcomes = push_on(client, clock_floor, &segments).await?;

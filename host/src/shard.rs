@@ -675,10 +675,12 @@ impl Worker {
                 *plan = again.next();
             }
         }
+        let planned: Vec<(InFlight, Plan)> =
+            planned.into_iter().map(|(s, plan)| (s, plan.expect("every segment and run is planned"))).collect();
+        let floors = self.hash_floors(now, &planned);
         let mut pushes = Vec::with_capacity(planned.len());
         let mut segments = Vec::with_capacity(planned.len());
-        for (mut in_flight, plan) in planned {
-            let plan = plan.expect("every segment and run is planned");
+        for ((mut in_flight, plan), hash_floors) in planned.into_iter().zip(floors) {
             in_flight.state = plan.state;
             in_flight.p_verified = plan.p_verified;
             self.metrics.flush_size(in_flight.segment.slots.len());
@@ -691,6 +693,7 @@ impl Worker {
                 message_ids: slots.iter().map(|s| s.message.message_id).collect(),
                 transaction_ids: slots.iter_mut().map(|s| std::mem::take(&mut s.message.transaction_id)).collect(),
                 payloads: slots.iter_mut().map(|s| std::mem::replace(&mut s.message.payload, Payload::null())).collect(),
+                hash_floors,
             });
             segments.push(in_flight);
         }
@@ -737,6 +740,54 @@ impl Worker {
             return vec![(segment, plan)];
         }
         segment.cut_at(&changes).into_iter().zip(plans).collect()
+    }
+
+    /// Each hash's own floor, for every segment of replays only (every slot
+    /// a local hit) of more than one message, from one plan call that asks
+    /// for each of their hashes alone: a lone hash's `p_verified` is its own
+    /// floor. A segment is probed from its lowest floor, and replays of ids
+    /// stored far apart (a redelivery storm) would read every row above it;
+    /// with its hashes' floors the push function looks for each original in
+    /// the row just above its own floor. `None` for the other segments, and
+    /// where a hash alone is not a hit (then nothing is claimed) or all the
+    /// floors are one (old hits floored at the start of one large run: no
+    /// floor narrows more than the segment's own).
+    fn hash_floors(&mut self, now: Millis, planned: &[(InFlight, Plan)]) -> Vec<Option<Vec<i64>>> {
+        let replays: Vec<bool> =
+            planned.iter().map(|(s, plan)| s.segment.slots.len() > 1 && s.segment.all_named(&plan.local_hits)).collect();
+        if !replays.contains(&true) {
+            return vec![None; planned.len()];
+        }
+        let queries: Vec<CacheSegment<'_>> = planned
+            .iter()
+            .zip(&replays)
+            .filter(|(_, replay)| **replay)
+            .flat_map(|((s, _), _)| {
+                let window_ms = window_ms(s.window_seconds);
+                s.segment.hashes.chunks_exact(16).map(move |hash| CacheSegment {
+                    partition: s.partition_id,
+                    window_ms,
+                    hashes: hash,
+                })
+            })
+            .collect();
+        let mut alone = self.cache_plan(now, &queries).into_iter();
+        planned
+            .iter()
+            .zip(&replays)
+            .map(|((s, _), &replay)| {
+                if !replay {
+                    return None;
+                }
+                // Each segment takes exactly its own answers, whatever they say.
+                let alone: Vec<Option<i64>> = (&mut alone)
+                    .take(s.segment.slots.len())
+                    .map(|plan| (plan.local_hits == [0]).then_some(plan.p_verified))
+                    .collect();
+                let floors: Option<Vec<i64>> = alone.into_iter().collect();
+                floors.filter(|floors| floors.iter().any(|&floor| floor != floors[0]))
+            })
+            .collect()
     }
 
     /// One plan call: the cache's answer for each segment, in order. A local

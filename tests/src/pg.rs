@@ -177,6 +177,7 @@ pub fn segment(
         message_ids: transaction_ids.iter().map(|_| uuid::Uuid::now_v7()).collect(),
         transaction_ids: transaction_ids.iter().map(|&t| bytestring::ByteString::from(t)).collect(),
         payloads: transaction_ids.iter().map(|t| Payload::from(&serde_json::json!({ "txn": t }))).collect(),
+        hash_floors: None,
     }
 }
 

@@ -1049,6 +1049,109 @@ async fn a_bundle_whose_shapes_do_not_add_up_stores_none_of_its_segments() {
     assert_eq!(partition_state(&c, other.id).await, PartitionState { last_offset: 1, txns_start: 0, segments: 1, txns: 1 });
 }
 
+/// `s` with each hash's floor, pushed with the lowest as its `p_verified`
+/// (as the gateway sends a segment of replays).
+fn with_floors(mut s: SegmentPush, floors: &[i64]) -> SegmentPush {
+    s.p_verified = *floors.iter().min().expect("a floor per message");
+    s.hash_floors = Some(floors.to_vec());
+    s
+}
+
+/// Replays of ids stored far apart, each with its own floor (a redelivery
+/// storm): every hash is answered with its original's offset and message
+/// id, and nothing is written. A floor that misses its original in the row
+/// above it (too far below), or a hash stored nowhere, sends the segment
+/// over the whole span, with the same answers, and the new hash is stored.
+#[tokio::test]
+async fn replays_with_their_own_floors_name_each_original() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let ids: Vec<String> = (0..505).map(|i| format!("id-{i}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let mut message_ids = Vec::new();
+    for range in [0..300, 300..305, 305..505] {
+        let s = segment(p.id, &refs[range], -1, 3600);
+        message_ids.extend(s.message_ids.iter().copied());
+        t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
+    }
+    let c = t.client().await;
+    let before = partition_state(&c, p.id).await;
+    let picks = [450usize, 13, 301, 299, 120, 504];
+    let replay = |extra: &[&'static str]| {
+        let txns: Vec<&str> = picks.iter().map(|&i| refs[i]).chain(extra.iter().copied()).collect();
+        segment(p.id, &txns, -1, 3600)
+    };
+    let originals: Vec<(u32, i64, uuid::Uuid)> =
+        picks.iter().enumerate().map(|(k, &i)| (k as u32, i as i64, message_ids[i])).collect();
+    // Floors within a few offsets below each original, as the cache gives.
+    let close: Vec<i64> = picks.iter().map(|&i| i as i64 - 1 - (i as i64 % 7)).collect();
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[with_floors(replay(&[]), &close)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!((named(&dups), probe, stored_at(&out[0])), (originals.clone(), ProbeMode::Narrowed, None));
+    assert_eq!(partition_state(&c, p.id).await, before);
+
+    // The first replay's floor lies in the row before its original's.
+    let mut far = close.clone();
+    far[0] = 100;
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[with_floors(replay(&[]), &far)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!((named(&dups), probe, stored_at(&out[0])), (originals.clone(), ProbeMode::Narrowed, None));
+
+    // A hash the cache claims but no row holds.
+    let mut claimed = close.clone();
+    claimed.push(400);
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[with_floors(replay(&["never-stored"]), &claimed)]).await.unwrap();
+    let (dups, _) = duplicates(&out[0]);
+    assert_eq!((named(&dups), stored_at(&out[0])), (originals, Some(505)));
+}
+
+/// Each hash is looked for above its own floor, which is trusted as the
+/// cache's vouch is: an id stored twice (with the window off in between)
+/// floored between the two is answered with the later. Planned ahead of the
+/// database's clock, the floors are ignored with the vouch, and the span is
+/// read whole.
+#[tokio::test]
+async fn each_hash_is_looked_for_above_its_own_floor() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    store_with_repeats(&t, [segment(p.id, &["x", "a"], -1, 0), segment(p.id, &["a"], -1, 0)]).await;
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["y"], -1, 3600)]).await.unwrap();
+    // "a" at 1 and 2, "y" at 3.
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[with_floors(segment(p.id, &["a", "y"], -1, 3600), &[1, 2])]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!((placed(&dups), probe), (vec![(0, 2), (1, 3)], ProbeMode::Narrowed));
+    // Without the floors the span above the lowest is read: "a" at 1.
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "y"], 0, 3600)]).await.unwrap();
+    assert_eq!(placed(&duplicates(&out[0]).0), vec![(0, 1), (1, 3)]);
+    let now = t.db.clock_ms().await.unwrap();
+    let ahead = ClockFloor(now + 3_600_000);
+    let out = t.db.push_bundle(ahead, &[with_floors(segment(p.id, &["a", "y"], -1, 3600), &[1, 2])]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!((placed(&dups), probe), (vec![(0, 1), (1, 3)], ProbeMode::Full));
+}
+
+/// Hash floors that are not 8 bytes per message refuse the bundle whole.
+#[tokio::test]
+async fn hash_floors_of_the_wrong_length_refuse_the_bundle() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let c = t.client().await;
+    let push = "SELECT * FROM stile.push($1::bigint, ARRAY[$1::bigint], ARRAY[-1]::bigint[], ARRAY[3600], ARRAY[1], \
+                ARRAY[$2::bytea], ARRAY[$3::bytea], ARRAY['[\"a\"]']::text[], ARRAY['[1]']::text[], 0, $4::bytea[])";
+    let hash = stile::hash::txn_hash("a").to_vec();
+    for floors in [vec![Some(vec![0u8; 7])], vec![None, None]] {
+        let e = c.query(push, &[&p.id, &hash, &vec![1u8; 16], &floors]).await.unwrap_err();
+        assert_eq!(e.as_db_error().map(|d| d.code().code()), Some("22023"), "{e}");
+    }
+    let mut s = segment(p.id, &["a", "b"], -1, 3600);
+    s.hash_floors = Some(vec![0]);
+    assert!(matches!(t.db.push_bundle(ClockFloor::EPOCH, &[s]).await, Err(DbError::Invalid(_))));
+    assert_eq!(partition_state(&c, p.id).await, PartitionState { last_offset: -1, txns_start: 0, segments: 0, txns: 0 });
+    // Eight bytes per message are taken.
+    let rows = c.query(push, &[&p.id, &hash, &vec![1u8; 16], &vec![Some(vec![0u8; 8])]]).await.unwrap();
+    assert_eq!(rows.len(), 1);
+}
+
 /// A bundle's segments go to PostgreSQL in ascending partition order (the
 /// lock order); the outcomes come back in the caller's order.
 #[tokio::test]

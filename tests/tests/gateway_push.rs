@@ -319,6 +319,64 @@ async fn concurrent_replays_of_stored_ids_each_answer_their_own_original() {
     assert_eq!(stored_counts(&t, "replay").await, (count, count));
 }
 
+/// A redelivery storm: requests replaying many ids stored by different
+/// requests, in no order, to two partitions at once (so that a bundle can
+/// carry several segments of replays, each hash floored by the cache on its
+/// own). Every replay answers duplicate with its own original's id and
+/// offset, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_replaying_ids_of_many_requests_answer_each_with_its_original() {
+    const STORED_REQUESTS: usize = 6;
+    const PER_REQUEST: usize = 40;
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 5;
+    const STORED: usize = STORED_REQUESTS * PER_REQUEST;
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut client = gw.client().await;
+    let mut originals: Vec<Vec<Answer>> = Vec::new();
+    for partition in ["a", "b"] {
+        let mut stored = Vec::new();
+        for request in 0..STORED_REQUESTS {
+            let items = (0..PER_REQUEST)
+                .map(|k| {
+                    let i = request * PER_REQUEST + k;
+                    item("storm", partition, Some(&format!("{partition}-{i}")), json!(i))
+                })
+                .collect();
+            stored.extend(client.push(items).await);
+        }
+        assert!(stored.iter().all(Answer::queued));
+        originals.push(stored);
+    }
+    let originals = Arc::new(originals);
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let (barrier, originals, mut client) = (barrier.clone(), originals.clone(), gw.client().await);
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                barrier.wait().await;
+                let partition = ["a", "b"][task % 2];
+                // 25 ids scattered over every stored request, in no order.
+                let picks: Vec<usize> = (0..25).map(|k| (k * 97 + round * 31 + task * 13) % STORED).collect();
+                let items =
+                    picks.iter().map(|i| item("storm", partition, Some(&format!("{partition}-{i}")), json!("again"))).collect();
+                let answers = client.push(items).await;
+                for (i, answer) in picks.iter().zip(answers) {
+                    let original = &originals[task % 2][*i];
+                    assert_eq!(answer.status, "duplicate", "{partition}-{i}: {answer:?}");
+                    assert_eq!((&answer.message_id, answer.offset), (&original.message_id, original.offset), "{partition}-{i}");
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("a replaying task");
+    }
+    assert_eq!(stored_counts(&t, "storm").await, (2 * STORED as i64, 2 * STORED as i64));
+}
+
 /// The names of a process's threads, as Linux reports them.
 fn thread_names(pid: i32) -> Vec<String> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the gateway's threads");

@@ -10,6 +10,16 @@ AS $$
     SELECT encode(substring(p_message_ids FROM 16 * p_idx + 1 FOR 16), 'hex')::uuid
 $$;
 
+-- The floor of the hash at index p_k (from 0) of a segment's hash floors:
+-- 8 bytes per hash, a big-endian bigint each. Inlined (see
+-- stile.found_as_run).
+CREATE OR REPLACE FUNCTION stile.floor_at(p_floors bytea, p_k integer)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT ('x' || encode(substring(p_floors FROM 8 * p_k + 1 FOR 8), 'hex'))::bit(64)::bigint
+$$;
+
 -- The order a bundle's segments are processed in: ascending partition id, a
 -- partition's segments in their order, so that row locks are taken in the
 -- one global lock order. NULL when they are in that order already (a stile
@@ -130,6 +140,16 @@ $$;
 -- full probe of up to 4 hashes tries that row too (with at most 4, no row
 -- below the first holding any of them holds another). Otherwise it reads
 -- every row of the span.
+--
+-- A narrowed probe given each hash's own floor (p_floors, 8 bytes per hash,
+-- see stile.floor_at: the cache's bound at or below which that hash does not
+-- occur, each at or above p_from) first looks for each hash in the first
+-- row of the span above its floor, in a slice of 128 hashes from there (a
+-- replay of ids of many requests, each found in one slice of one row
+-- instead of in every row of the span). A hash found there at a hash
+-- boundary is its first occurrence; when every hash is, that is the answer,
+-- and otherwise the probe goes on as without floors.
+DROP FUNCTION IF EXISTS stile.probe(bigint, bigint, bigint, integer, timestamptz, bytea, boolean);
 CREATE OR REPLACE FUNCTION stile.probe(
     p_pid bigint,
     p_from bigint,
@@ -138,6 +158,7 @@ CREATE OR REPLACE FUNCTION stile.probe(
     p_now timestamptz,
     p_hashes bytea,
     p_narrowed boolean,
+    p_floors bytea,
     OUT dup_idx integer[],
     OUT dup_off bigint[],
     OUT dup_ids uuid[]
@@ -228,6 +249,44 @@ BEGIN
                 RETURN;
             END IF;
         END IF;
+    END IF;
+
+    IF p_narrowed AND p_floors IS NOT NULL THEN
+        -- Each hash's row: the span's first above its floor. Each row is
+        -- read once (detoasted below the fence) however many hashes it
+        -- holds, and each hash is looked for in a slice of it.
+        WITH c AS MATERIALIZED (
+            SELECT x.k, x.floor,
+                   (SELECT r.end_offset FROM stile.log r
+                     WHERE r.partition_id = p_pid AND r.end_offset > x.floor AND r.end_offset <= p_last
+                     ORDER BY r.end_offset LIMIT 1) AS row_end
+              FROM (SELECT k, greatest(stile.floor_at(p_floors, k), p_from) AS floor
+                      FROM generate_series(0, v_count - 1) AS k) AS x
+        ), w AS MATERIALIZED (
+            SELECT r.end_offset, r.base_offset, r.created_at, r.hashes || '\x'::bytea AS hashes,
+                   r.message_ids || '\x'::bytea AS message_ids
+              FROM (SELECT DISTINCT c.row_end FROM c) AS e
+             CROSS JOIN LATERAL (SELECT * FROM stile.log l
+                                  WHERE l.partition_id = p_pid AND l.end_offset = e.row_end LIMIT 1) AS r
+        )
+        SELECT array_agg(d.k ORDER BY d.k), array_agg(d.base_offset + d.at ORDER BY d.k),
+               array_agg(stile.message_id_at(d.message_ids, d.at::integer) ORDER BY d.k)
+          INTO dup_idx, dup_off, dup_ids
+          FROM (SELECT c.k, w.base_offset, w.message_ids, s.skip + s.at / 16 AS at, s.at AS at_byte
+                  FROM c
+                  JOIN w ON w.end_offset = c.row_end AND w.created_at >= v_since
+                 CROSS JOIN LATERAL (
+                        SELECT greatest(c.floor + 1 - w.base_offset, 0) AS skip,
+                               position(substring(p_hashes FROM 16 * c.k + 1 FOR 16)
+                                        IN substring(w.hashes FROM 16 * greatest(c.floor + 1 - w.base_offset, 0)::integer + 1
+                                                     FOR 16 * 128)) - 1 AS at) AS s) AS d
+         WHERE d.at_byte >= 0 AND d.at_byte % 16 = 0;
+        IF cardinality(dup_idx) = v_count THEN
+            RETURN;
+        END IF;
+        dup_idx := NULL;
+        dup_off := NULL;
+        dup_ids := NULL;
     END IF;
 
     IF p_narrowed OR v_count <= 4 THEN
@@ -427,22 +486,26 @@ AS $$
 $$;
 
 -- Whether a segment has the shape stile.push takes: a partition, at least one
--- message, 16 bytes of hash and of message id per message, and its
--- transactionIds and payloads. Inlined, as above.
+-- message, 16 bytes of hash and of message id per message, its
+-- transactionIds and payloads, and no hash floors or 8 bytes of them per
+-- message. Inlined, as above.
+DROP FUNCTION IF EXISTS stile.segment_well_formed(bigint, integer, bytea, bytea, text, text);
 CREATE OR REPLACE FUNCTION stile.segment_well_formed(
     p_partition_id bigint,
     p_count integer,
     p_hashes bytea,
     p_message_ids bytea,
     p_transaction_ids text,
-    p_payloads text
+    p_payloads text,
+    p_hash_floors bytea
 )
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT coalesce(p_partition_id IS NOT NULL AND p_count >= 1
                     AND length(p_hashes) = 16 * p_count AND length(p_message_ids) = 16 * p_count
-                    AND p_transaction_ids IS NOT NULL AND p_payloads IS NOT NULL, false)
+                    AND p_transaction_ids IS NOT NULL AND p_payloads IS NOT NULL
+                    AND coalesce(length(p_hash_floors) = 8 * p_count, true), false)
 $$;
 
 -- How a segment is probed, from its partition's window (p_window), allocator
@@ -471,7 +534,8 @@ AS $$
 $$;
 
 -- Whether each of a bundle's per-segment arrays holds p_n elements (a NULL
--- array holds none). Inlined, as above.
+-- array holds none), the hash floors none at all or p_n. Inlined, as above.
+DROP FUNCTION IF EXISTS stile.bundle_aligned(integer, bigint[], integer[], integer[], bytea[], bytea[], text[], text[]);
 CREATE OR REPLACE FUNCTION stile.bundle_aligned(
     p_n integer,
     p_verified bigint[],
@@ -480,12 +544,13 @@ CREATE OR REPLACE FUNCTION stile.bundle_aligned(
     p_hashes bytea[],
     p_message_ids bytea[],
     p_transaction_ids text[],
-    p_payloads text[]
+    p_payloads text[],
+    p_hash_floors bytea[]
 )
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT p_n = ALL (ARRAY[coalesce(cardinality(p_verified), 0), coalesce(cardinality(p_planned_windows), 0),
+    SELECT coalesce(cardinality(p_hash_floors), p_n) = p_n AND p_n = ALL (ARRAY[coalesce(cardinality(p_verified), 0), coalesce(cardinality(p_planned_windows), 0),
                             coalesce(cardinality(p_counts), 0), coalesce(cardinality(p_hashes), 0),
                             coalesce(cardinality(p_message_ids), 0), coalesce(cardinality(p_transaction_ids), 0),
                             coalesce(cardinality(p_payloads), 0)])
@@ -533,6 +598,11 @@ $$;
 --   p_message_ids[i]      its messages' ids, 16 bytes each, concatenated
 --   p_transaction_ids[i]  its messages' transactionIds, a JSON array
 --   p_payloads[i]         its messages' payloads, a JSON array
+--   p_hash_floors[i]      NULL, or for each of its hashes (8 bytes each, a
+--                         big-endian bigint) the offset at or below which the
+--                         cache vouches that that hash does not occur, each
+--                         at or above p_verified[i] (the array itself may be
+--                         NULL: no segment has them)
 -- p_route is the partition by which a distributed database routes the call
 -- (any partition of the bundle: a bundle holds partitions of one node); it
 -- decides nothing here. p_clock_floor_ms is what the cache assumed of this
@@ -573,6 +643,9 @@ $$;
 -- clock_ms is clock_timestamp() when the segment was probed, in ms since the
 -- epoch, rounded down: a reading of this database's clock, from which a
 -- gateway bounds it (guest/src/clock.rs).
+-- The hash floors came last, with a default, so that the gateways of the
+-- build before them keep calling this function unchanged.
+DROP FUNCTION IF EXISTS stile.push(bigint, bigint[], bigint[], integer[], integer[], bytea[], bytea[], text[], text[], bigint);
 CREATE OR REPLACE FUNCTION stile.push(
     p_route bigint,
     p_partition_ids bigint[],
@@ -583,7 +656,8 @@ CREATE OR REPLACE FUNCTION stile.push(
     p_message_ids bytea[],
     p_transaction_ids text[],
     p_payloads text[],
-    p_clock_floor_ms bigint
+    p_clock_floor_ms bigint,
+    p_hash_floors bytea[] DEFAULT NULL
 )
 RETURNS TABLE (
     seg integer,
@@ -620,7 +694,7 @@ DECLARE
     v_stored boolean := false;  -- whether any segment wrote a log row
 BEGIN
     IF NOT stile.bundle_aligned(v_n, p_verified, p_planned_windows, p_counts, p_hashes, p_message_ids,
-                                p_transaction_ids, p_payloads) THEN
+                                p_transaction_ids, p_payloads, p_hash_floors) THEN
         RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR j IN 1 .. v_n LOOP
@@ -629,9 +703,11 @@ BEGIN
         v_count := p_counts[i];
         -- A malformed segment fails the call, which rolls back every segment
         -- before it: the bundle is refused whole.
-        IF NOT stile.segment_well_formed(v_pid, v_count, p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i]) THEN
-            RAISE EXCEPTION 'stile.push: segment % has % messages, % hash bytes and % message id bytes',
-                i - 1, v_count, length(p_hashes[i]), length(p_message_ids[i]) USING ERRCODE = 'invalid_parameter_value';
+        IF NOT stile.segment_well_formed(v_pid, v_count, p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i],
+                                         p_hash_floors[i]) THEN
+            RAISE EXCEPTION 'stile.push: segment % has % messages, % hash bytes, % message id bytes and % hash floor bytes',
+                i - 1, v_count, length(p_hashes[i]), length(p_message_ids[i]), length(p_hash_floors[i])
+                USING ERRCODE = 'invalid_parameter_value';
         END IF;
         v_now := clock_timestamp();
         -- What does not depend on the partition's row is computed here, once:
@@ -670,7 +746,7 @@ BEGIN
         probe := stile.probe_kind(v_window, v_last, v_from, v_start);
         IF probe IN ('narrowed', 'full') THEN
             SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
-              FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed') AS r;
+              FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed', p_hash_floors[i]) AS r;
             v_count := v_count - coalesce(cardinality(dup_idx), 0);
         END IF;
         IF NOT v_allocated AND v_count > 0 THEN

@@ -26,7 +26,7 @@ use uuid::Uuid;
 use crate::payload::Payload;
 pub use error::{ConfigureError, DbError};
 pub use migrate::{MIGRATIONS, Migration};
-use packed::{JsonStrings, JsonTexts, PackedIds};
+use packed::{JsonStrings, JsonTexts, PackedFloors, PackedIds};
 pub use url::{config_to_url, pg_config};
 
 /// A pool of connections to the database stile keeps its logs in. Cheap to
@@ -76,6 +76,13 @@ pub struct SegmentPush {
     pub transaction_ids: Vec<ByteString>,
     /// The messages' payloads, stored as `json`, as sent.
     pub payloads: Vec<Payload>,
+    /// For a segment of replays only: each hash's own offset at or below
+    /// which the cache vouches that that hash does not occur, one per
+    /// message, each at or above `p_verified`. The push function then looks
+    /// for each original in the log row just above its floor, rather than in
+    /// every row above `p_verified`. `None`: the segment is probed from
+    /// `p_verified`.
+    pub hash_floors: Option<Vec<i64>>,
 }
 
 impl SegmentPush {
@@ -287,7 +294,7 @@ pub struct PurgeReport {
 }
 
 const PUSH_SQL: &str = "SELECT seg, base_offset, created_ms, window_seconds, probe, dup_idx, dup_off, dup_ids, clock_ms \
-     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
 impl Db {
     /// Opens a pool of at most `pool_size` connections to `url` (libpq
@@ -692,12 +699,14 @@ pub async fn push_on(
     let mut message_ids = Vec::with_capacity(segments.len());
     let mut transaction_ids = Vec::with_capacity(segments.len());
     let mut payloads = Vec::with_capacity(segments.len());
+    let mut hash_floors = Vec::with_capacity(segments.len());
     for &i in &order {
         let s = &segments[i];
         let n = s.len();
-        if n == 0 || s.transaction_ids.len() != n || s.payloads.len() != n || s.hashes.len() != 16 * n {
+        let floors = s.hash_floors.as_ref().map_or(n, Vec::len);
+        if n == 0 || s.transaction_ids.len() != n || s.payloads.len() != n || s.hashes.len() != 16 * n || floors != n {
             return Err(DbError::Invalid(format!(
-                "segment {i}: {} message ids, {} transaction ids, {} payloads, {} hash bytes",
+                "segment {i}: {} message ids, {} transaction ids, {} payloads, {} hash bytes, {floors} hash floors",
                 n,
                 s.transaction_ids.len(),
                 s.payloads.len(),
@@ -713,7 +722,10 @@ pub async fn push_on(
         message_ids.push(PackedIds(&s.message_ids));
         transaction_ids.push(JsonStrings(&s.transaction_ids));
         payloads.push(JsonTexts(&s.payloads));
+        hash_floors.push(s.hash_floors.as_deref().map(PackedFloors));
     }
+    // No floors at all: NULL, not an array of NULLs.
+    let hash_floors = hash_floors.iter().any(Option::is_some).then_some(hash_floors);
     let route = partition_ids[0];
     let stmt = client.prepare_cached(PUSH_SQL).await?;
     let rows = client
@@ -730,6 +742,7 @@ pub async fn push_on(
                 &transaction_ids,
                 &payloads,
                 &clock_floor.0,
+                &hash_floors,
             ],
         )
         .await?;

@@ -1,6 +1,7 @@
 //! A segment's messages packed as `stile.push` stores them, written straight
 //! into the connection's buffer: ids as 16 bytes each (`bytea`),
-//! transactionIds and payloads as one JSON array each (`text`).
+//! transactionIds and payloads as one JSON array each (`text`), and the
+//! cache's hash floors as 8 bytes each (`bytea`).
 //!
 //! Each is a view of the segment's own fields, so a bundle's parameters cost
 //! no copy of a payload or transactionId and no allocation per segment
@@ -27,6 +28,11 @@ pub struct JsonStrings<'a>(pub &'a [ByteString]);
 /// Payloads as one JSON array of their texts, as sent: one `text`.
 #[derive(Debug)]
 pub struct JsonTexts<'a>(pub &'a [Payload]);
+
+/// Hash floors, 8 bytes each (a big-endian bigint, as `stile.floor_at` reads
+/// them), concatenated in order: one `bytea`.
+#[derive(Debug)]
+pub struct PackedFloors<'a>(pub &'a [i64]);
 
 impl ToSql for PackedIds<'_> {
     fn to_sql(&self, _: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
@@ -69,6 +75,22 @@ impl ToSql for JsonTexts<'_> {
 
     fn accepts(ty: &Type) -> bool {
         *ty == Type::TEXT
+    }
+
+    to_sql_checked!();
+}
+
+impl ToSql for PackedFloors<'_> {
+    fn to_sql(&self, _: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
+        out.reserve(8 * self.0.len());
+        for &floor in self.0 {
+            out.put_i64(floor);
+        }
+        Ok(IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::BYTEA
     }
 
     to_sql_checked!();
@@ -117,6 +139,12 @@ mod tests {
     fn payloads_are_written_as_sent_in_one_array() {
         let payloads = [Payload::null(), Payload::from(&serde_json::json!({"a": [1, 2]}))];
         assert_eq!(written(&JsonTexts(&payloads), &Type::TEXT), br#"[null,{"a":[1,2]}]"#);
+    }
+
+    #[test]
+    fn hash_floors_are_eight_big_endian_bytes_each_in_order() {
+        let bytes = written(&PackedFloors(&[-1, 0x0102_0304_0506_0708]), &Type::BYTEA);
+        assert_eq!(bytes, [[0xff; 8], [1, 2, 3, 4, 5, 6, 7, 8]].concat());
     }
 
     #[test]
