@@ -349,30 +349,36 @@ async fn requests_replaying_ids_of_many_requests_answer_each_with_its_original()
         assert!(stored.iter().all(Answer::queued));
         originals.push(stored);
     }
-    let originals = Arc::new(originals);
     let barrier = Arc::new(Barrier::new(TASKS));
     let mut tasks = Vec::new();
     for task in 0..TASKS {
-        let (barrier, originals, mut client) = (barrier.clone(), originals.clone(), gw.client().await);
+        let (barrier, mut client) = (barrier.clone(), gw.client().await);
         tasks.push(tokio::spawn(async move {
+            // Answers are checked once every task is done: a task that
+            // stopped early would leave the others waiting at the barrier.
+            let mut answered = Vec::new();
             for round in 0..ROUNDS {
                 barrier.wait().await;
-                let partition = ["a", "b"][task % 2];
                 // 25 ids scattered over every stored request, in no order.
                 let picks: Vec<usize> = (0..25).map(|k| (k * 97 + round * 31 + task * 13) % STORED).collect();
+                let partition = ["a", "b"][task % 2];
                 let items =
                     picks.iter().map(|i| item("storm", partition, Some(&format!("{partition}-{i}")), json!("again"))).collect();
-                let answers = client.push(items).await;
-                for (i, answer) in picks.iter().zip(answers) {
-                    let original = &originals[task % 2][*i];
-                    assert_eq!(answer.status, "duplicate", "{partition}-{i}: {answer:?}");
-                    assert_eq!((&answer.message_id, answer.offset), (&original.message_id, original.offset), "{partition}-{i}");
-                }
+                answered.push((task % 2, picks, client.try_push(items).await));
             }
+            answered
         }));
     }
     for task in tasks {
-        task.await.expect("a replaying task");
+        for (partition, picks, answers) in task.await.expect("a replaying task") {
+            let answers = answers.expect("a push of replays");
+            assert_eq!(answers.len(), picks.len());
+            for (i, answer) in picks.into_iter().zip(answers) {
+                let original = &originals[partition][i];
+                assert_eq!(answer.status, "duplicate", "{partition}/{i}: {answer:?}");
+                assert_eq!((&answer.message_id, answer.offset), (&original.message_id, original.offset), "{partition}/{i}");
+            }
+        }
     }
     assert_eq!(stored_counts(&t, "storm").await, (2 * STORED as i64, 2 * STORED as i64));
 }
