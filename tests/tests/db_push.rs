@@ -1097,6 +1097,14 @@ async fn replays_with_their_own_floors_name_each_original() {
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!((named(&dups), probe, stored_at(&out[0])), (originals.clone(), ProbeMode::Narrowed, None));
 
+    // An original among the first offsets is floored at -1 (nothing below
+    // offset 0): the segment has no vouch, and still its floors hold.
+    let mut first = close.clone();
+    first[1] = -1;
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[with_floors(replay(&[]), &first)]).await.unwrap();
+    let (dups, probe) = duplicates(&out[0]);
+    assert_eq!((named(&dups), probe, stored_at(&out[0])), (originals.clone(), ProbeMode::Full, None));
+
     // A hash the cache claims but no row holds.
     let mut claimed = close.clone();
     claimed.push(400);

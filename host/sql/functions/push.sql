@@ -141,10 +141,10 @@ $$;
 -- below the first holding any of them holds another). Otherwise it reads
 -- every row of the span.
 --
--- A narrowed probe given each hash's own floor (p_floors, 8 bytes per hash,
--- see stile.floor_at: the cache's bound at or below which that hash does not
--- occur, each at or above p_from) first looks for each hash in the first
--- row of the span above its floor, in a slice of 128 hashes from there (a
+-- A probe given each hash's own floor (p_floors, 8 bytes per hash, see
+-- stile.floor_at: the cache's bound at or below which that hash does not
+-- occur, NULL where the cache's vouches do not hold, see stile.held_floors)
+-- first looks for each hash in the first row of the span above its floor, in a slice of 128 hashes from there (a
 -- replay of ids of many requests, each found in one slice of one row
 -- instead of in every row of the span). A hash found there at a hash
 -- boundary is its first occurrence; when every hash is, that is the answer,
@@ -251,7 +251,7 @@ BEGIN
         END IF;
     END IF;
 
-    IF p_narrowed AND p_floors IS NOT NULL THEN
+    IF p_floors IS NOT NULL THEN
         -- Each hash's row: the span's first above its floor. Each row is
         -- read once (detoasted below the fence) however many hashes it
         -- holds, and each hash is looked for in a slice of it.
@@ -483,6 +483,24 @@ RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT CASE WHEN p_now < p_holds_from THEN -1 ELSE greatest(coalesce(p_verified, -1), -1) END
+$$;
+
+-- A segment's hash floors where the cache's vouches hold (a vouch of 0
+-- survives stile.vouch's clock rule and stile.vouched_upto's window rule),
+-- else NULL. A hash's floor may be -1 (nothing at or below -1) where the
+-- segment's vouch, its lowest floor, is none. Inlined, as above.
+CREATE OR REPLACE FUNCTION stile.held_floors(
+    p_floors bytea,
+    p_now timestamptz,
+    p_holds_from timestamptz,
+    p_planned_window integer,
+    p_window integer
+)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN stile.vouched_upto(stile.vouch(0, p_now, p_holds_from), p_planned_window, p_window) = 0
+                THEN p_floors END
 $$;
 
 -- Whether a segment has the shape stile.push takes: a partition, at least one
@@ -746,7 +764,8 @@ BEGIN
         probe := stile.probe_kind(v_window, v_last, v_from, v_start);
         IF probe IN ('narrowed', 'full') THEN
             SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
-              FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed', p_hash_floors[i]) AS r;
+              FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed',
+                               stile.held_floors(p_hash_floors[i], v_now, v_holds_from, v_planned, v_window)) AS r;
             v_count := v_count - coalesce(cardinality(dup_idx), 0);
         END IF;
         IF NOT v_allocated AND v_count > 0 THEN
