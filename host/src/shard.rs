@@ -402,6 +402,13 @@ struct InFlight {
     segment: CoalescedSegment,
 }
 
+/// How far from its length the floors of a segment's first and last hashes
+/// may lie apart for the segment to be taken for one run of the log: two
+/// arrival steps of a sealed run of one block (`guest/src/ring/run.rs`), so
+/// that a recent retry is taken for one, while ids picked at random from a
+/// window of thousands rarely are.
+const RUN_SLACK: i64 = 32;
+
 /// A bundle as planned: its segments, what is sent for each, and the clock
 /// floor its vouches hold from.
 struct PlannedBundle {
@@ -743,49 +750,90 @@ impl Worker {
     }
 
     /// Each hash's own floor, for every segment of replays only (every slot
-    /// a local hit) of more than one message, from one plan call that asks
-    /// for each of their hashes alone: a lone hash's `p_verified` is its own
-    /// floor. A segment is probed from its lowest floor, and replays of ids
-    /// stored far apart (a redelivery storm) would read every row above it;
-    /// with its hashes' floors the push function looks for each original in
-    /// the row just above its own floor. `None` for the other segments, and
-    /// where a hash alone is not a hit (then nothing is claimed) or all the
-    /// floors are one (old hits floored at the start of one large run: no
-    /// floor narrows more than the segment's own).
+    /// a local hit) of more than one message that does not look like one run
+    /// of the log, from plan calls that ask for hashes alone: a lone hash's
+    /// `p_verified` is its own floor. A segment is probed from its lowest
+    /// floor, and replays of ids stored far apart (a redelivery storm) would
+    /// read every row above it; with its hashes' floors the push function
+    /// looks for each original in the row just above its own floor.
+    ///
+    /// A retry of one request stored whole is one run, which the probe finds
+    /// in one slice above the lowest floor: its first and last hashes are
+    /// asked for first, and a segment whose floors lie as far apart as its
+    /// ends (within [`RUN_SLACK`]) is sent without floors. `None` too where
+    /// a hash alone is not a hit (then nothing is claimed) or all the floors
+    /// are one (old hits floored at the start of one large run: no floor
+    /// narrows more than the segment's own).
     fn hash_floors(&mut self, now: Millis, planned: &[(InFlight, Plan)]) -> Vec<Option<Vec<i64>>> {
         let replays: Vec<bool> =
             planned.iter().map(|(s, plan)| s.segment.slots.len() > 1 && s.segment.all_named(&plan.local_hits)).collect();
         if !replays.contains(&true) {
             return vec![None; planned.len()];
         }
-        let queries: Vec<CacheSegment<'_>> = planned
+        let ends: Vec<Vec<u8>> = planned
             .iter()
             .zip(&replays)
             .filter(|(_, replay)| **replay)
-            .flat_map(|((s, _), _)| {
-                let window_ms = window_ms(s.window_seconds);
-                s.segment.hashes.chunks_exact(16).map(move |hash| CacheSegment {
-                    partition: s.partition_id,
-                    window_ms,
+            .map(|((s, _), _)| [&s.segment.hashes[..16], &s.segment.hashes[s.segment.hashes.len() - 16..]].concat())
+            .collect();
+        let mut end_floors =
+            self.floors_alone(now, planned.iter().zip(&replays).filter(|(_, r)| **r).map(|(p, _)| &p.0).zip(&ends)).into_iter();
+        let scattered: Vec<bool> = planned
+            .iter()
+            .zip(&replays)
+            .map(|((s, _), &replay)| {
+                let floors = if replay { end_floors.next().flatten() } else { None };
+                floors.is_some_and(|floors| {
+                    let spread = floors[1] - floors[0] - (s.segment.slots.len() as i64 - 1);
+                    spread.abs() > RUN_SLACK
+                })
+            })
+            .collect();
+        let wanted =
+            planned.iter().zip(&scattered).filter(|(_, scattered)| **scattered).map(|(p, _)| (&p.0, &p.0.segment.hashes));
+        let mut floors = self.floors_alone(now, wanted).into_iter();
+        scattered
+            .iter()
+            .map(|&scattered| {
+                let floors = if scattered { floors.next().flatten() } else { None };
+                floors.filter(|floors| floors.iter().any(|&floor| floor != floors[0]))
+            })
+            .collect()
+    }
+
+    /// For each segment with some of its hashes, one plan call asking for
+    /// each of those hashes alone: their floors, in order, or `None` for a
+    /// segment one of whose hashes alone is not a hit.
+    fn floors_alone<'a, B: AsRef<[u8]> + 'a>(
+        &mut self,
+        now: Millis,
+        segments: impl Iterator<Item = (&'a InFlight, B)> + Clone,
+    ) -> Vec<Option<Vec<i64>>> {
+        let asked: Vec<(i64, u64, B)> =
+            segments.map(|(s, hashes)| (s.partition_id, window_ms(s.window_seconds), hashes)).collect();
+        if asked.is_empty() {
+            return Vec::new();
+        }
+        let queries: Vec<CacheSegment<'_>> = asked
+            .iter()
+            .flat_map(|(partition, window_ms, hashes)| {
+                hashes.as_ref().chunks_exact(16).map(|hash| CacheSegment {
+                    partition: *partition,
+                    window_ms: *window_ms,
                     hashes: hash,
                 })
             })
             .collect();
         let mut alone = self.cache_plan(now, &queries).into_iter();
-        planned
+        asked
             .iter()
-            .zip(&replays)
-            .map(|((s, _), &replay)| {
-                if !replay {
-                    return None;
-                }
+            .map(|(_, _, hashes)| {
                 // Each segment takes exactly its own answers, whatever they say.
-                let alone: Vec<Option<i64>> = (&mut alone)
-                    .take(s.segment.slots.len())
+                let floors: Vec<Option<i64>> = (&mut alone)
+                    .take(hashes.as_ref().len() / 16)
                     .map(|plan| (plan.local_hits == [0]).then_some(plan.p_verified))
                     .collect();
-                let floors: Option<Vec<i64>> = alone.into_iter().collect();
-                floors.filter(|floors| floors.iter().any(|&floor| floor != floors[0]))
+                floors.into_iter().collect()
             })
             .collect()
     }
