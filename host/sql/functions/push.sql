@@ -272,14 +272,20 @@ BEGIN
         SELECT array_agg(d.k ORDER BY d.k), array_agg(d.base_offset + d.at ORDER BY d.k),
                array_agg(stile.message_id_at(d.message_ids, d.at::integer) ORDER BY d.k)
           INTO dup_idx, dup_off, dup_ids
-          FROM (SELECT c.k, w.base_offset, w.message_ids, s.skip + s.at / 16 AS at, s.at AS at_byte
-                  FROM c
-                  JOIN w ON w.end_offset = c.row_end AND w.created_at >= v_since
+          FROM (SELECT s.k, w.base_offset, w.message_ids, s.skip + s.at / 16 AS at, s.at AS at_byte
+                  FROM w
                  CROSS JOIN LATERAL (
-                        SELECT greatest(c.floor + 1 - w.base_offset, 0) AS skip,
+                        -- Each row's hashes are searched where they are (the
+                        -- fence keeps the planner from copying them into a
+                        -- hash table).
+                        SELECT c.k, greatest(c.floor + 1 - w.base_offset, 0) AS skip,
                                position(substring(p_hashes FROM 16 * c.k + 1 FOR 16)
                                         IN substring(w.hashes FROM 16 * greatest(c.floor + 1 - w.base_offset, 0)::integer + 1
-                                                     FOR 16 * 128)) - 1 AS at) AS s) AS d
+                                                     FOR 16 * 128)) - 1 AS at
+                          FROM c
+                         WHERE c.row_end = w.end_offset
+                        OFFSET 0) AS s
+                 WHERE w.created_at >= v_since) AS d
          WHERE d.at_byte >= 0 AND d.at_byte % 16 = 0;
         IF cardinality(dup_idx) = v_count THEN
             RETURN;
