@@ -402,6 +402,11 @@ struct InFlight {
     segment: CoalescedSegment,
 }
 
+/// Replays a segment holds at most for its floors to be left unasked: the
+/// push function looks for up to 4 hashes in the first row of the span that
+/// holds any of them, which is the row just above the floor of the lowest.
+const FEW_REPLAYS: usize = 4;
+
 /// How far from its length the floors of a segment's first and last hashes
 /// may lie apart for the segment to be taken for one run of the log: two
 /// arrival steps of a sealed run of one block (`guest/src/ring/run.rs`), so
@@ -750,12 +755,13 @@ impl Worker {
     }
 
     /// Each hash's own floor, for every segment of replays only (every slot
-    /// a local hit) of more than one message that does not look like one run
-    /// of the log, from plan calls that ask for hashes alone: a lone hash's
-    /// `p_verified` is its own floor. A segment is probed from its lowest
-    /// floor, and replays of ids stored far apart (a redelivery storm) would
-    /// read every row above it; with its hashes' floors the push function
-    /// looks for each original in the row just above its own floor.
+    /// a local hit) of more than [`FEW_REPLAYS`] messages that does not look
+    /// like one run of the log, from plan calls that ask for hashes alone: a
+    /// lone hash's `p_verified` is its own floor. A segment is probed from
+    /// its lowest floor, and replays of ids stored far apart (a redelivery
+    /// storm) would read every row above it; with its hashes' floors the
+    /// push function looks for each original in the row just above its own
+    /// floor.
     ///
     /// A retry of one request stored whole is one run, which the probe finds
     /// in one slice above the lowest floor: its first and last hashes are
@@ -765,8 +771,10 @@ impl Worker {
     /// are one (old hits floored at the start of one large run: no floor
     /// narrows more than the segment's own).
     fn hash_floors(&mut self, now: Millis, planned: &[(InFlight, Plan)]) -> Vec<Option<Vec<i64>>> {
-        let replays: Vec<bool> =
-            planned.iter().map(|(s, plan)| s.segment.slots.len() > 1 && s.segment.all_named(&plan.local_hits)).collect();
+        let replays: Vec<bool> = planned
+            .iter()
+            .map(|(s, plan)| s.segment.slots.len() > FEW_REPLAYS && s.segment.all_named(&plan.local_hits))
+            .collect();
         if !replays.contains(&true) {
             return vec![None; planned.len()];
         }
