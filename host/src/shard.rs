@@ -815,7 +815,7 @@ impl Worker {
     fn floors_alone<'a, B: AsRef<[u8]> + 'a>(
         &mut self,
         now: Millis,
-        segments: impl Iterator<Item = (&'a InFlight, B)> + Clone,
+        segments: impl Iterator<Item = (&'a InFlight, B)>,
     ) -> Vec<Option<Vec<i64>>> {
         let asked: Vec<(i64, u64, B)> =
             segments.map(|(s, hashes)| (s.partition_id, window_ms(s.window_seconds), hashes)).collect();

@@ -1066,10 +1066,12 @@ fn with_floors(mut s: SegmentPush, floors: &[i64]) -> SegmentPush {
 async fn replays_with_their_own_floors_name_each_original() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
-    let ids: Vec<String> = (0..505).map(|i| format!("id-{i}")).collect();
+    // Rows of 300, 5 and 2,000 ids: the last, where 4 replayed ids are
+    // looked for, is read in slices, the first (3 of them) whole.
+    let ids: Vec<String> = (0..2305).map(|i| format!("id-{i}")).collect();
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     let mut message_ids = Vec::new();
-    for range in [0..300, 300..305, 305..505] {
+    for range in [0..300, 300..305, 305..2305] {
         let s = segment(p.id, &refs[range], -1, 3600);
         message_ids.extend(s.message_ids.iter().copied());
         t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
@@ -1110,7 +1112,7 @@ async fn replays_with_their_own_floors_name_each_original() {
     claimed.push(400);
     let out = t.db.push_bundle(ClockFloor::EPOCH, &[with_floors(replay(&["never-stored"]), &claimed)]).await.unwrap();
     let (dups, _) = duplicates(&out[0]);
-    assert_eq!((named(&dups), stored_at(&out[0])), (originals, Some(505)));
+    assert_eq!((named(&dups), stored_at(&out[0])), (originals, Some(2305)));
 }
 
 /// Each hash is looked for above its own floor, which is trusted as the
@@ -1136,6 +1138,39 @@ async fn each_hash_is_looked_for_above_its_own_floor() {
     let out = t.db.push_bundle(ahead, &[with_floors(segment(p.id, &["a", "y"], -1, 3600), &[1, 2])]).await.unwrap();
     let (dups, probe) = duplicates(&out[0]);
     assert_eq!((placed(&dups), probe), (vec![(0, 1), (1, 3)], ProbeMode::Full));
+}
+
+/// A hash whose floor lies in the row before its own (within 128 offsets)
+/// is found in the row after: the rows above a floor are read up to the one
+/// holding the floor's 128th offset. An id stored twice, floored between the
+/// two across a row, is answered with the later, which only the floors name.
+#[tokio::test]
+async fn a_hash_is_looked_for_in_the_rows_just_above_its_floor() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let filler: Vec<String> = (0..40).map(|i| format!("f-{i}")).collect();
+    let filler: Vec<&str> = filler.iter().map(String::as_str).collect();
+    store_with_repeats(
+        &t,
+        [
+            segment(p.id, &["x", "a"], -1, 0),
+            segment(p.id, &["b", "c"], -1, 0),
+            segment(p.id, &filler, -1, 0),
+            segment(p.id, &["a"], -1, 0),
+        ],
+    )
+    .await;
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["y"], -1, 3600)]).await.unwrap();
+    // "a" at 1 and 44, "y" at 45. Floored at 2, "a" is found two rows
+    // above its floor's row; the segment's vouch of 0 would find it at 1.
+    let mut replay = with_floors(segment(p.id, &["a", "y"], -1, 3600), &[2, 44]);
+    replay.p_verified = 0;
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[replay]).await.unwrap();
+    assert_eq!(placed(&duplicates(&out[0]).0), vec![(0, 44), (1, 45)]);
+    // Floored at -1, "a" occurs twice within 128 offsets: the lower is its
+    // first occurrence.
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[with_floors(segment(p.id, &["a", "y"], -1, 3600), &[-1, 44])]).await.unwrap();
+    assert_eq!(placed(&duplicates(&out[0]).0), vec![(0, 1), (1, 45)]);
 }
 
 /// Hash floors that are not 8 bytes per message refuse the bundle whole.

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo build --release -p stile -p stile-bench --bin stile --bin load
-//! target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] \
+//! target/release/load [--conns 32] [--partitions 64] [--prefill 1000000] [--prefill-batch 10000] \
 //!     [--sizes 1,10,100] [--warmup 1] [--secs 4] [--retry-percent 10] \
 //!     [--configs warm,native,off,cold] [--rounds 7] [--sync off|on] \
 //!     [--client-threads 1] [--fresh-gateways off|on] [--peer-clients 16,64] \
@@ -90,6 +90,9 @@ struct Args {
     /// Messages (hashes) in each queue's window before anything is measured, spread over its partitions.
     #[arg(long, default_value = "1000000", value_parser = count::<usize>)]
     prefill: usize,
+    /// Items per prefill request (each partition's are stored in rows of at most this many, which a storm then reads).
+    #[arg(long, default_value = "10000", value_parser = count::<usize>)]
+    prefill_batch: usize,
     /// Items per request, comma-separated: every batch size is measured in turn.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100", value_parser = count::<usize>)]
     sizes: Vec<usize>,
@@ -158,8 +161,7 @@ fn pg_setting(text: &str) -> Result<(String, String), String> {
     Ok((name.to_owned(), value.to_owned()))
 }
 
-/// Items per prefill request, and connections pushing them.
-const PREFILL_BATCH: usize = 10_000;
+/// Connections pushing the prefill.
 const PREFILL_CONNECTIONS: usize = 8;
 /// Requests a connection remembers for retries.
 const HISTORY: usize = 64;
@@ -264,8 +266,8 @@ async fn prepare(t: &TestDb, args: &Args) -> i64 {
     let mut batches: Vec<(&'static str, usize, usize, usize)> = Vec::new();
     for config in &args.configs {
         for p in 0..args.partitions {
-            for from in (0..per_partition).step_by(PREFILL_BATCH) {
-                batches.push((config.queue(), p, from, (from + PREFILL_BATCH).min(per_partition)));
+            for from in (0..per_partition).step_by(args.prefill_batch) {
+                batches.push((config.queue(), p, from, (from + args.prefill_batch).min(per_partition)));
             }
         }
     }
@@ -732,13 +734,14 @@ async fn run(args: Args) {
 
     println!();
     println!(
-        "stile over HTTP: {} connections, {} partitions, {} % retries, window prefilled with {} hashes, \
-         {} s warm-up + {} s measured per row, synchronous_commit={}, PostgreSQL {version}, {}, \
+        "stile over HTTP: {} connections, {} partitions, {} % retries, window prefilled with {} hashes \
+         in requests of {}, {} s warm-up + {} s measured per row, synchronous_commit={}, PostgreSQL {version}, {}, \
          load average {load_at_start} at the start and {} at the end{}",
         args.conns,
         args.partitions,
         args.retry_percent,
         per_partition * args.partitions as i64,
+        args.prefill_batch,
         args.warmup,
         args.secs,
         args.sync.name(),

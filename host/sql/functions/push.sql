@@ -144,11 +144,11 @@ $$;
 -- A probe given each hash's own floor (p_floors, 8 bytes per hash, see
 -- stile.floor_at: the cache's bound at or below which that hash does not
 -- occur, NULL where the cache's vouches do not hold, see stile.held_floors)
--- first looks for each hash in the first row of the span above its floor, in a slice of 128 hashes from there (a
--- replay of ids of many requests, each found in one slice of one row
--- instead of in every row of the span). A hash found there at a hash
--- boundary is its first occurrence; when every hash is, that is the answer,
--- and otherwise the probe goes on as without floors.
+-- first looks for each hash in the 128 offsets above its floor (a replay of
+-- ids of many requests, each found in a slice of one or a few rows instead
+-- of in every row of the span). The first hash found there at a hash
+-- boundary is its first occurrence; when every hash is found, that is the
+-- answer, and otherwise the probe goes on as without floors.
 DROP FUNCTION IF EXISTS stile.probe(bigint, bigint, bigint, integer, timestamptz, bytea, boolean);
 CREATE OR REPLACE FUNCTION stile.probe(
     p_pid bigint,
@@ -252,41 +252,63 @@ BEGIN
     END IF;
 
     IF p_floors IS NOT NULL THEN
-        -- Each hash's row: the span's first above its floor. Each row is
-        -- read once (detoasted below the fence) however many hashes it
-        -- holds, and each hash is looked for in a slice of it.
-        WITH c AS MATERIALIZED (
-            SELECT x.k, x.floor,
-                   (SELECT r.end_offset FROM stile.log r
-                     WHERE r.partition_id = p_pid AND r.end_offset > x.floor AND r.end_offset <= p_last
-                     ORDER BY r.end_offset LIMIT 1) AS row_end
-              FROM (SELECT k, greatest(stile.floor_at(p_floors, k), p_from) AS floor
-                      FROM generate_series(0, v_count - 1) AS k) AS x
+        -- Each hash's rows: those of the span holding the 128 offsets above
+        -- its floor (the first row above the floor, and when that row ends
+        -- sooner, the rows after it up to the one holding floor + 128), and
+        -- in each a slice of at most 128 hashes from the floor on. The
+        -- slices together cover those offsets without a gap, so the lowest
+        -- hash found is the first occurrence above the floor. Each row is
+        -- read once, by its primary key (LIMIT 1 keeps the planner off the
+        -- created_at index). Its hashes and message ids are detoasted whole
+        -- once (below the fence) where it holds fewer than 256 hashes per
+        -- hash looked for in it; in a larger row each slice reads only the
+        -- chunks it covers (both columns are stored uncompressed).
+        WITH x AS MATERIALIZED (
+            SELECT k, greatest(stile.floor_at(p_floors, k), p_from) AS floor
+              FROM generate_series(0, v_count - 1) AS k
+        ), c AS MATERIALIZED (
+            SELECT x.k, x.floor, n.row_end
+              FROM x
+             CROSS JOIN LATERAL (SELECT r.end_offset FROM stile.log r
+                                  WHERE r.partition_id = p_pid AND r.end_offset > x.floor AND r.end_offset <= p_last
+                                  ORDER BY r.end_offset LIMIT 1) AS f
+             CROSS JOIN LATERAL (
+                    SELECT f.end_offset AS row_end
+                    UNION ALL
+                    SELECT r.end_offset FROM stile.log r
+                     WHERE f.end_offset < x.floor + 128 AND r.partition_id = p_pid
+                       AND r.end_offset > f.end_offset AND r.end_offset <= least(x.floor + 128, p_last)
+                    UNION ALL
+                    (SELECT r.end_offset FROM stile.log r
+                      WHERE f.end_offset < x.floor + 128 AND r.partition_id = p_pid
+                        AND r.end_offset > x.floor + 128 AND r.end_offset <= p_last
+                      ORDER BY r.end_offset LIMIT 1)) AS n
         ), w AS MATERIALIZED (
-            SELECT r.end_offset, r.base_offset, r.created_at, r.hashes || '\x'::bytea AS hashes,
-                   r.message_ids || '\x'::bytea AS message_ids
-              FROM (SELECT DISTINCT c.row_end FROM c) AS e
-             CROSS JOIN LATERAL (SELECT * FROM stile.log l
+            SELECT r.end_offset, r.base_offset, r.created_at, r.ks, r.floors,
+                   CASE WHEN r.whole THEN r.hashes || '\x'::bytea ELSE r.hashes END AS hashes,
+                   CASE WHEN r.whole THEN r.message_ids || '\x'::bytea ELSE r.message_ids END AS message_ids
+              FROM (SELECT c.row_end, array_agg(c.k) AS ks, array_agg(c.floor) AS floors FROM c GROUP BY c.row_end) AS e
+             CROSS JOIN LATERAL (SELECT l.*, e.ks, e.floors, l.end_offset - l.base_offset < 256 * cardinality(e.ks) AS whole
+                                   FROM stile.log l
                                   WHERE l.partition_id = p_pid AND l.end_offset = e.row_end LIMIT 1) AS r
         )
-        SELECT array_agg(d.k ORDER BY d.k), array_agg(d.base_offset + d.at ORDER BY d.k),
-               array_agg(stile.message_id_at(d.message_ids, d.at::integer) ORDER BY d.k)
+        SELECT array_agg(d.k ORDER BY d.k), array_agg(d.found_at ORDER BY d.k), array_agg(d.message_id ORDER BY d.k)
           INTO dup_idx, dup_off, dup_ids
-          FROM (SELECT s.k, w.base_offset, w.message_ids, s.skip + s.at / 16 AS at, s.at AS at_byte
+          FROM (SELECT DISTINCT ON (s.k) s.k, w.base_offset + s.skip + s.at / 16 AS found_at,
+                       stile.message_id_at(w.message_ids, (s.skip + s.at / 16)::integer) AS message_id
                   FROM w
                  CROSS JOIN LATERAL (
                         -- Each row's hashes are searched where they are (the
                         -- fence keeps the planner from copying them into a
                         -- hash table).
-                        SELECT c.k, greatest(c.floor + 1 - w.base_offset, 0) AS skip,
-                               position(substring(p_hashes FROM 16 * c.k + 1 FOR 16)
-                                        IN substring(w.hashes FROM 16 * greatest(c.floor + 1 - w.base_offset, 0)::integer + 1
+                        SELECT q.k, greatest(q.floor + 1 - w.base_offset, 0) AS skip,
+                               position(substring(p_hashes FROM 16 * q.k + 1 FOR 16)
+                                        IN substring(w.hashes FROM 16 * greatest(q.floor + 1 - w.base_offset, 0)::integer + 1
                                                      FOR 16 * 128)) - 1 AS at
-                          FROM c
-                         WHERE c.row_end = w.end_offset
+                          FROM unnest(w.ks, w.floors) AS q (k, floor)
                         OFFSET 0) AS s
-                 WHERE w.created_at >= v_since) AS d
-         WHERE d.at_byte >= 0 AND d.at_byte % 16 = 0;
+                 WHERE w.created_at >= v_since AND s.at >= 0 AND s.at % 16 = 0
+                 ORDER BY s.k, w.end_offset) AS d;
         IF cardinality(dup_idx) = v_count THEN
             RETURN;
         END IF;
