@@ -262,7 +262,9 @@ BEGIN
         -- created_at index). Its hashes and message ids are detoasted whole
         -- once (below the fence) where it holds fewer than 256 hashes per
         -- hash looked for in it; in a larger row each slice reads only the
-        -- chunks it covers (both columns are stored uncompressed).
+        -- chunks it covers (both columns are stored uncompressed). Each
+        -- floor is decoded once (x: the lookups below would each decode it
+        -- again), and each row carries the hashes looked for in it (w).
         WITH x AS MATERIALIZED (
             SELECT k, greatest(stile.floor_at(p_floors, k), p_from) AS floor
               FROM generate_series(0, v_count - 1) AS k
