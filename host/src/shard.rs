@@ -760,8 +760,8 @@ impl Worker {
     /// lone hash's `p_verified` is its own floor. A segment is probed from
     /// its lowest floor, and replays of ids stored far apart (a redelivery
     /// storm) would read every row above it; with its hashes' floors the
-    /// push function looks for each original in the row just above its own
-    /// floor.
+    /// push function looks for each original in the 128 offsets above its
+    /// own floor.
     ///
     /// A retry of one request stored whole is one run, which the probe finds
     /// in one slice above the lowest floor: its first and last hashes are
