@@ -1,16 +1,20 @@
 //! Transactions: pushes with KV and timer riders, all or nothing, in one
 //! PostgreSQL transaction, with Queen's wire (`POST /api/v1/transaction`).
 //!
-//! The pushes go first, through the push function, probed in full under
-//! their partitions' row locks. A push whose id its partition already stores
-//! in the window rolls everything back (`reason: "duplicate"`), which is what
-//! makes a retried transaction safe: if the first attempt committed, the
-//! retry writes nothing. An id repeated inside the transaction is stored
-//! once and its repeats answer `"duplicate": true`. Then the KV operations:
-//! a lost `required` one rolls everything back (`reason: "kv_precondition"`).
-//! Then the timers. Once committed, the shards' caches are told of the
-//! segments, so that a partition written by transactions is not rebuilt
-//! after each one.
+//! The timers go first: the firer holds the timers it takes while it pushes
+//! their messages, so a transaction that held a partition's row while waiting
+//! for a timer's could deadlock with it; taking timer rows before partition
+//! rows, as the firer does, leaves no cycle. Then the pushes, through the push
+//! function, probed in full under their partitions' row locks. A push whose id
+//! its partition already stores in the window rolls everything back (`reason:
+//! "duplicate"`), which is what makes a retried transaction safe: if the first
+//! attempt committed, the retry writes nothing. An id repeated inside the
+//! transaction is stored once and its repeats answer `"duplicate": true`. Then
+//! the KV operations: a lost `required` one rolls everything back (`reason:
+//! "kv_precondition"`). The answer lists the pushes, the KV operations and the
+//! timers, in that order. Once committed, the shards' caches are told of the
+//! segments, so that a partition written by transactions is not rebuilt after
+//! each one.
 
 use bytes::Bytes;
 use bytestring::ByteString;
@@ -173,7 +177,7 @@ pub struct Rider<T> {
     result: T,
 }
 
-/// Runs a transaction: the pushes, then the KV operations, then the timers,
+/// Runs a transaction: the timers, then the pushes, then the KV operations,
 /// in one PostgreSQL transaction, all or nothing.
 pub async fn run(
     gateway: &Gateway,
@@ -185,6 +189,7 @@ pub async fn run(
     let push_count = request.pushes.len();
     let mut client = gateway.db().pool().get().await?;
     let tx = client.transaction().await?;
+    let timer_results = if request.timers.is_empty() { Vec::new() } else { timers::apply_in(&tx, &request.timers).await? };
     let pushed = gateway.push_in(&tx, RequestPlan::new(request.pushes)).await?;
     if pushed.already_stored > 0 {
         tx.rollback().await?;
@@ -207,7 +212,6 @@ pub async fn run(
             lost: applied.precondition_lost(failed, push_count + failed),
         });
     }
-    let timer_results = if request.timers.is_empty() { Vec::new() } else { timers::apply_in(&tx, &request.timers).await? };
     tx.commit().await?;
     drop(client);
     gateway.committed_elsewhere(pushed.committed).await;

@@ -94,6 +94,29 @@ impl TestDb {
     pub async fn client(&self) -> tokio_postgres::Client {
         connect(&self.config).await.unwrap_or_else(|e| panic!("connect to {}: {e}", self.name))
     }
+
+    /// Waits, polling `pg_stat_activity`, until at least `count` of the
+    /// database's backends wait for a lock: the point a test that orders
+    /// lock waits has reached. Panics naming `what` after 20 s.
+    pub async fn wait_for_lock_waiters(&self, count: i64, what: &str) {
+        let observer = self.client().await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let row = observer
+                .query_one(
+                    "SELECT count(*) AS waiting FROM pg_stat_activity \
+                      WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .expect("read pg_stat_activity");
+            if row.get::<_, i64>("waiting") >= count {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: fewer than {count} backends wait for a lock");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// The server processes of the connections named `application_name`, for

@@ -235,6 +235,42 @@ async fn two_gateways_racing_one_once_have_exactly_one_winner() {
     }
 }
 
+/// Two calls writing the same keys in other orders: each call locks its keys
+/// in key order before applying any, so one waits for the other. Applied in
+/// the operations' order, the first would hold `a` and wait for `h` (held
+/// here), the second hold `b` and wait for `a`, and once `h` is let go the
+/// first would wait for `b`: a deadlock, one of them answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_writing_keys_in_other_orders_do_not_deadlock() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let put = |key: &str, value: i64| json!({"op": "put", "ns": "order", "key": key, "value": value, "forever": true});
+    kv(&mut c, json!([put("h", 0)])).await;
+    let mut holder = t.client().await;
+    let lock = holder.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM stile.kv WHERE ns = 'order' AND key = 'h' FOR UPDATE", &[]).await.unwrap();
+
+    let mut first_client = gw.client().await;
+    let first_ops = json!([put("a", 1), put("h", 1), put("b", 1)]);
+    let first = tokio::spawn(async move { kv(&mut first_client, first_ops).await });
+    t.wait_for_lock_waiters(1, "the first call never waited for h").await;
+    let mut second_client = gw.client().await;
+    let second_ops = json!([put("b", 2), put("a", 2)]);
+    let second = tokio::spawn(async move { kv(&mut second_client, second_ops).await });
+    t.wait_for_lock_waiters(2, "the second call never waited").await;
+    lock.rollback().await.unwrap();
+
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    for answer in [&first, &second] {
+        let results = answer["results"].as_array().unwrap();
+        assert!(results.iter().all(|r| r["applied"] == json!(true)), "{answer}");
+    }
+    let got = kv(&mut c, json!([{"op": "getMany", "ns": "order", "keys": ["a", "b", "h"]}])).await;
+    let values: Vec<&Value> = got["results"][0]["rows"].as_array().unwrap().iter().map(|r| &r["value"]).collect();
+    assert_eq!(values, vec![&json!(2), &json!(2), &json!(1)], "the second call, which waited, wrote a and b last: {got}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_bodies_are_refused_naming_the_field_and_write_nothing() {
     let t = fresh_database().await;

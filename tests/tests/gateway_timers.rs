@@ -263,6 +263,58 @@ async fn a_timer_rides_the_transaction() {
     assert_eq!(messages.iter().map(|m| m.transaction_id.as_str()).collect::<Vec<_>>(), vec!["t-2"]);
 }
 
+/// A transaction that pushes to a partition and reschedules a timer the firer
+/// has taken, while the firer waits to push that timer's message to the same
+/// partition: the transaction takes its timer rows first, so it waits for the
+/// fire instead of holding the partition the fire needs (a deadlock, in which
+/// PostgreSQL aborts one of the two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_waits_for_a_fire_without_holding_its_partition() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    // Two partitions, "a" created first: a fire locks "a" before "p".
+    c.push(vec![stile_tests::gateway::item("held", "a", Some("before-a"), json!(0))]).await;
+    c.push(vec![stile_tests::gateway::item("held", "p", Some("before-p"), json!(0))]).await;
+    let mut blocker = t.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM stile.partitions WHERE queue = 'held' AND name = 'a' FOR UPDATE", &[]).await.unwrap();
+    let due = |key: &str, partition: &str| {
+        json!({"op": "schedule", "queue": "held", "timerKey": key, "delayMs": 0, "txn": key, "partition": partition,
+               "payload": b64(&json!(key))})
+    };
+    timers(&mut c, vec![due("to-p", "p"), due("to-a", "a")]).await;
+    t.wait_for_lock_waiters(1, "the fire never reached partition a's lock").await;
+
+    let mut other = gw.client().await;
+    let transaction = tokio::spawn(async move {
+        let body = json!({
+            "operations": [{"type": "push", "items": [{"queue": "held", "partition": "p", "transactionId": "t-1", "payload": 1}]}],
+            "timers": [{"op": "reschedule", "queue": "held", "timerKey": "to-p", "delayMs": 3_600_000, "txn": "later",
+                        "partition": "p", "payload": b64(&json!("later"))}],
+        });
+        other.post("/api/v1/transaction", body.to_string()).await
+    });
+    t.wait_for_lock_waiters(2, "the transaction never waited for the fire").await;
+    lock.rollback().await.unwrap();
+
+    let reply = transaction.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let answer = reply.json();
+    assert_eq!(answer["success"], json!(true), "{answer}");
+    let timer = &answer["results"][1];
+    assert_eq!(
+        (timer["type"].clone(), timer["status"].clone()),
+        (json!("timer"), json!("scheduled")),
+        "the fire committed first, so the timer is scheduled anew: {answer}"
+    );
+    let messages = wait_delivered(&t, "held", 5).await;
+    let mut fired: Vec<&str> = messages.iter().map(|m| m.transaction_id.as_str()).collect();
+    fired.sort_unstable();
+    assert_eq!(fired, vec!["before-a", "before-p", "t-1", "to-a", "to-p"], "each fired once, in the fire that took them");
+    assert_eq!(pending(&t).await, 1, "the rescheduled timer waits");
+}
+
 /// The firer sleeps until the next timer is due: with none pending it is
 /// told there is none (not one due now, which would make it look again at
 /// once, forever), and otherwise how long until the earliest.

@@ -16,7 +16,9 @@
 -- exist) or a version. Every verdict is computed on the key's row under its
 -- lock (SELECT ... FOR UPDATE), or, for an absent key, by an INSERT that a
 -- concurrent creator makes wait: two callers racing one putIfAbsent from any
--- number of gateways get exactly one winner.
+-- number of gateways get exactly one winner. The keys the writes name are
+-- locked first, in the order of namespace and key, so that two calls writing
+-- the same keys in other orders wait for each other instead of deadlocking.
 CREATE OR REPLACE FUNCTION stile.kv_apply(p_ops jsonb, p_max_answer_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -28,7 +30,16 @@ DECLARE
     v_failed integer;
     v_result jsonb;
     v_op jsonb;
+    v_written record;
 BEGIN
+    FOR v_written IN
+        SELECT DISTINCT (o ->> 'ns') COLLATE "C" AS ns, (o ->> 'key') COLLATE "C" AS key
+          FROM jsonb_array_elements(p_ops) o
+         WHERE o ->> 'op' NOT IN ('get', 'getMany', 'getPrefix')
+         ORDER BY ns, key
+    LOOP
+        PERFORM stile.kv_lock(v_written.ns, v_written.key, v_now);
+    END LOOP;
     FOR i IN 0 .. jsonb_array_length(p_ops) - 1 LOOP
         v_op := p_ops -> i;
         v_result := CASE v_op ->> 'op'
@@ -200,6 +211,30 @@ BEGIN
 END
 $$;
 
+-- A key's row, locked; when there is none, a placeholder that holds the key
+-- for this transaction (version 0, expired: absent to every reader; a
+-- concurrent creator waits on it, then finds it).
+CREATE OR REPLACE FUNCTION stile.kv_lock(p_ns text, p_key text, p_now timestamptz)
+RETURNS stile.kv
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_key text COLLATE "C" := p_key;
+    v_row stile.kv;
+BEGIN
+    LOOP
+        SELECT * INTO v_row FROM stile.kv WHERE ns = p_ns AND key = v_key FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO stile.kv (ns, key, value, version, expires_at, updated_at)
+        VALUES (p_ns, v_key, 'null', 0, '-infinity', p_now)
+        ON CONFLICT DO NOTHING
+        RETURNING * INTO v_row;
+        EXIT WHEN FOUND;
+    END LOOP;
+    RETURN v_row;
+END
+$$;
+
 -- check, put, putIfAbsent, delete and incr: the verdict on the key's locked
 -- row (or on its locked absence), then the write.
 CREATE OR REPLACE FUNCTION stile.kv_write(p_op jsonb, p_now timestamptz)
@@ -220,17 +255,7 @@ DECLARE
     v_version bigint;
     v_sum numeric;
 BEGIN
-    -- The row, locked; when there is none, a placeholder that holds the key
-    -- for this transaction (a concurrent creator waits on it, then finds it).
-    LOOP
-        SELECT * INTO v_row FROM stile.kv WHERE ns = v_ns AND key = v_key FOR UPDATE;
-        EXIT WHEN FOUND;
-        INSERT INTO stile.kv (ns, key, value, version, expires_at, updated_at)
-        VALUES (v_ns, v_key, 'null', 0, '-infinity', p_now)
-        ON CONFLICT DO NOTHING
-        RETURNING * INTO v_row;
-        EXIT WHEN FOUND;
-    END LOOP;
+    v_row := stile.kv_lock(v_ns, v_key, p_now);
     v_live := v_row.version > 0 AND (v_row.expires_at IS NULL OR v_row.expires_at > p_now);
 
     v_reason := CASE

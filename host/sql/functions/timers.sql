@@ -34,10 +34,16 @@ AS $$
     SELECT stile.timer_json(t.queue, t.timer_key, t.partition, t.txn, t.message_id, t.deliver_at, t.scheduled_at)
 $$;
 
--- Applies timer operations in order, in the caller's transaction; answers one
--- result per operation. Operations arrive validated and normalised by the
--- gateway (host/src/timers.rs): schedule and reschedule (one upsert on queue
--- and key, with the message id the gateway minted), and cancel.
+-- Applies timer operations in the caller's transaction; answers one result per
+-- operation, in the operations' order. Operations arrive validated and
+-- normalised by the gateway (host/src/timers.rs): schedule and reschedule (one
+-- upsert on queue and key, with the message id the gateway minted), and cancel.
+--
+-- They are applied in the order of their queue and key (a key's own in their
+-- order), so that every caller takes timer rows in one order: two calls naming
+-- the same keys in other orders wait for each other instead of deadlocking.
+-- The firer takes timer rows before partition rows and skips those held, so
+-- callers that also push take their timer rows first (host/src/transaction.rs).
 CREATE OR REPLACE FUNCTION stile.timers_apply(p_ops jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -46,11 +52,14 @@ DECLARE
     v_now timestamptz := clock_timestamp();
     v_results jsonb := '[]'::jsonb;
     v_op jsonb;
+    i integer;
     v_row stile.timers;
     v_inserted boolean;
 BEGIN
-    FOR i IN 0 .. jsonb_array_length(p_ops) - 1 LOOP
-        v_op := p_ops -> i;
+    FOR v_op, i IN
+        SELECT o.op, o.n - 1 FROM jsonb_array_elements(p_ops) WITH ORDINALITY o(op, n)
+         ORDER BY o.op ->> 'queue' COLLATE "C", o.op ->> 'timerKey' COLLATE "C", o.n
+    LOOP
         IF v_op ->> 'op' = 'cancel' THEN
             DELETE FROM stile.timers
              WHERE queue = v_op ->> 'queue' AND timer_key = (v_op ->> 'timerKey') COLLATE "C"
@@ -78,7 +87,7 @@ BEGIN
                                     v_row.deliver_at, v_row.scheduled_at));
         END IF;
     END LOOP;
-    RETURN v_results;
+    RETURN coalesce((SELECT jsonb_agg(r ORDER BY (r ->> 'index')::integer) FROM jsonb_array_elements(v_results) r), '[]');
 END
 $$;
 
