@@ -283,7 +283,10 @@ async fn a_transaction_waits_for_a_fire_without_holding_its_partition() {
         json!({"op": "schedule", "queue": "held", "timerKey": key, "delayMs": 0, "txn": key, "partition": partition,
                "payload": b64(&json!(key))})
     };
-    timers(&mut c, vec![due("to-p", "p"), due("to-a", "a")]).await;
+    // Applied in key order, answered in the operations' order.
+    let scheduled = timers(&mut c, vec![due("to-p", "p"), due("to-a", "a")]).await;
+    let keys: Vec<&Value> = scheduled.iter().map(|r| &r["timerKey"]).collect();
+    assert_eq!(keys, vec![&json!("to-p"), &json!("to-a")], "{scheduled:?}");
     t.wait_for_lock_waiters(1, "the fire never reached partition a's lock").await;
 
     let mut other = gw.client().await;

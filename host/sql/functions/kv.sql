@@ -32,14 +32,18 @@ DECLARE
     v_op jsonb;
     v_written record;
 BEGIN
-    FOR v_written IN
-        SELECT DISTINCT (o ->> 'ns') COLLATE "C" AS ns, (o ->> 'key') COLLATE "C" AS key
-          FROM jsonb_array_elements(p_ops) o
-         WHERE o ->> 'op' NOT IN ('get', 'getMany', 'getPrefix')
-         ORDER BY ns, key
-    LOOP
-        PERFORM stile.kv_lock(v_written.ns, v_written.key, v_now);
-    END LOOP;
+    -- A call of one operation (a once, most often) locks its one key as it
+    -- applies it.
+    IF jsonb_array_length(p_ops) > 1 THEN
+        FOR v_written IN
+            SELECT DISTINCT (o ->> 'ns') COLLATE "C" AS ns, (o ->> 'key') COLLATE "C" AS key
+              FROM jsonb_array_elements(p_ops) o
+             WHERE o ->> 'op' NOT IN ('get', 'getMany', 'getPrefix')
+             ORDER BY ns, key
+        LOOP
+            PERFORM stile.kv_lock(v_written.ns, v_written.key, v_now);
+        END LOOP;
+    END IF;
     FOR i IN 0 .. jsonb_array_length(p_ops) - 1 LOOP
         v_op := p_ops -> i;
         v_result := CASE v_op ->> 'op'
