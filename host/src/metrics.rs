@@ -102,7 +102,11 @@ impl Metrics {
             let mut r = metrics.registry.lock().expect("not poisoned");
             r.register("pushes", "Pushed messages by final status", metrics.pushes.clone());
             r.register("segments", "Segments pushed by probe mode (skipped, narrowed, full, off)", metrics.segments.clone());
-            r.register("hydrations", "Cache hydrations by outcome (installed, refused, lost)", metrics.hydrations.clone());
+            r.register(
+                "hydrations",
+                "Cache hydrations by outcome (installed, refused, lost, suppressed)",
+                metrics.hydrations.clone(),
+            );
             r.register("flush_size_messages", "Messages per flushed segment", metrics.flush_sizes.clone());
             r.register("sql_push_seconds", "Latency of one bundle's push function call", metrics.sql_seconds.clone());
             r.register("guest_call_seconds", "Latency of one cache call", metrics.guest_seconds.clone());
@@ -222,6 +226,12 @@ impl Metrics {
             Err(HydrateError::Malformed | HydrateError::WindowOff) => "refused",
         };
         self.hydrations.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// A hydration whose rows the budget refused once their size was known:
+    /// `suppressed`, never copied into the cache.
+    pub fn hydration_suppressed(&self) {
+        self.hydrations.get_or_create(&OutcomeLabel { outcome: "suppressed" }).inc();
     }
 
     pub fn flush_size(&self, messages: usize) {

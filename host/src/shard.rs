@@ -1030,6 +1030,15 @@ impl Worker {
                 return;
             }
         };
+        // The gate again, with the window's real size: a window the budget
+        // cannot hold is refused here rather than copied into the instance,
+        // whose memory would keep that peak for its life.
+        let now = self.now();
+        let hashes = rows.rows.iter().map(|row| row.hashes.len() as u64 / 16).sum();
+        if let Admission::Suppressed = self.cache.admit(now, partition_id, window_ms(window_seconds), hashes) {
+            self.metrics.hydration_suppressed();
+            return;
+        }
         let txns: Vec<TxnsRow<'_>> = rows.rows.iter().map(OwnedRow::borrow).collect();
         let hydration = Hydration {
             partition: partition_id,
@@ -1038,7 +1047,6 @@ impl Worker {
             rows: &txns,
         };
         let started = Instant::now();
-        let now = self.now();
         let cache = &mut self.cache;
         let installed = self.long_calls.run(|| cache.hydrate(now, &hydration));
         self.metrics.guest_call(started.elapsed());

@@ -518,6 +518,46 @@ async fn after_warm_up_the_probe_is_skipped_for_nearly_every_segment() {
     assert!(resident > 4.0 * 1024.0 * 1024.0 && resident < 64.0 * 1024.0 * 1024.0 * 1024.0, "resident {resident}:\n{text}");
 }
 
+/// A window larger than the cache's budget, met by a gateway that has never
+/// seen its partition: its rows are read, found too large and refused
+/// (`suppressed`) before they are copied into the cache, and the partition
+/// is probed in full, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_larger_than_the_budget_is_refused_before_it_is_copied_in() {
+    const REQUESTS: usize = 10;
+    const PER_REQUEST: usize = 10_000;
+    let t = fresh_database().await;
+    let options = GatewayOptions { cache_mb: Some(1), shards: Some(1), ..Default::default() };
+    let id = |request: usize, i: usize| format!("big-{request}-{i}");
+    {
+        let filler = Gateway::start_with(&t.url(), &options).await;
+        let mut client = filler.client().await;
+        for request in 0..REQUESTS {
+            let items = (0..PER_REQUEST).map(|i| item("big", "p", Some(&id(request, i)), json!(i))).collect();
+            assert!(client.push(items).await.iter().all(Answer::queued));
+        }
+    }
+    let gw = Gateway::start_with(&t.url(), &options).await;
+    let mut client = gw.client().await;
+    let answers = client.push(vec![item("big", "p", Some("new"), json!(0))]).await;
+    assert!(answers[0].queued(), "{answers:?}");
+    let retry = client.push(vec![item("big", "p", Some(&id(3, 7)), json!(7))]).await;
+    assert_eq!(retry[0].status, "duplicate", "{retry:?}");
+    // The hydration the first push asked for runs beside it: wait for its outcome.
+    let hydrations = |text: &str, outcome: &str| metric(text, &format!("stile_hydrations_total{{outcome=\"{outcome}\"}}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let text = loop {
+        let text = client.metrics().await;
+        if hydrations(&text, "installed") + hydrations(&text, "suppressed") > 0.0 {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "no hydration ended:\n{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!((hydrations(&text, "installed"), hydrations(&text, "suppressed")), (0.0, 1.0), "{text}");
+    assert_eq!(stored_counts(&t, "big").await.0, (REQUESTS * PER_REQUEST + 1) as i64);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_cache_disabled_every_segment_is_probed_in_full_and_answers_stay_exact() {
     const PARTITIONS: usize = 3;
