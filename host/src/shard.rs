@@ -1034,7 +1034,7 @@ impl Worker {
         // cannot hold is refused here rather than copied into the instance,
         // whose memory would keep that peak for its life.
         let now = self.now();
-        let hashes = rows.rows.iter().map(|row| row.hashes.len() as u64 / 16).sum();
+        let hashes = rows.rows.iter().map(|row| row.hashes.len() as u64 / 16).sum::<u64>();
         if let Admission::Suppressed = self.cache.admit(now, partition_id, window_ms(window_seconds), hashes) {
             self.metrics.hydration_suppressed();
             return;
