@@ -738,8 +738,9 @@ DECLARE
     v_planned integer;    -- the window the cache planned under
     v_from bigint;        -- the bound the probe reads above
     v_allocated boolean;  -- whether the verdict and the allocation were one statement
-    v_kept stile.log%ROWTYPE;  -- the columns of a segment stored less its duplicates
-    v_stored boolean := false;  -- whether any segment wrote a log row
+    v_row stile.log%ROWTYPE;    -- the log row of a segment stored
+    v_rows stile.log[] := '{}';  -- the log rows of the segments stored, not yet written
+    v_stored boolean := false;  -- whether any segment stored a log row
 BEGIN
     IF NOT stile.bundle_aligned(v_n, p_verified, p_planned_windows, p_counts, p_hashes, p_message_ids,
                                 p_transaction_ids, p_payloads, p_hash_floors) THEN
@@ -793,6 +794,14 @@ BEGIN
                        ELSE stile.probe_from(stile.vouched_upto(v_vouch, v_planned, v_window), v_locked, v_start) END;
         probe := stile.probe_kind(v_window, v_last, v_from, v_start);
         IF probe IN ('narrowed', 'full') THEN
+            IF (v_rows[cardinality(v_rows)]).partition_id = v_pid THEN
+                -- The probe reads the rows of this partition's earlier
+                -- segments in this call: they are written first.
+                INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids, transaction_ids, payloads)
+                SELECT r.partition_id, r.end_offset, r.base_offset, r.created_at, r.hashes, r.message_ids, r.transaction_ids, r.payloads
+                  FROM unnest(v_rows) AS r;
+                v_rows := '{}';
+            END IF;
             SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
               FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed',
                                stile.held_floors(p_hash_floors[i], v_now, v_holds_from, v_planned, v_window)) AS r;
@@ -804,24 +813,36 @@ BEGIN
         END IF;
         window_seconds := v_window;
         IF v_count > 0 THEN
-            -- Store: one log row of its messages less its duplicates, in order.
-            IF dup_idx IS NOT NULL THEN
-                SELECT k.* INTO v_kept.hashes, v_kept.message_ids, v_kept.transaction_ids, v_kept.payloads
+            -- Store: one log row of its messages less its duplicates, in
+            -- order, written with the call's other rows below.
+            v_row.partition_id := v_pid;
+            v_row.end_offset := v_last;
+            v_row.base_offset := v_last - v_count + 1;
+            v_row.created_at := v_now;
+            IF dup_idx IS NULL THEN
+                v_row.hashes := p_hashes[i];
+                v_row.message_ids := p_message_ids[i];
+                v_row.transaction_ids := p_transaction_ids[i];
+                v_row.payloads := p_payloads[i];
+            ELSE
+                SELECT k.* INTO v_row.hashes, v_row.message_ids, v_row.transaction_ids, v_row.payloads
                   FROM stile.kept_segment(i - 1, p_hashes[i], p_message_ids[i], p_transaction_ids[i], p_payloads[i], dup_idx) AS k;
             END IF;
-            INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids, transaction_ids, payloads)
-            VALUES (v_pid, v_last, v_last - v_count + 1, v_now,
-                    CASE WHEN dup_idx IS NULL THEN p_hashes[i] ELSE v_kept.hashes END,
-                    CASE WHEN dup_idx IS NULL THEN p_message_ids[i] ELSE v_kept.message_ids END,
-                    CASE WHEN dup_idx IS NULL THEN p_transaction_ids[i] ELSE v_kept.transaction_ids END,
-                    CASE WHEN dup_idx IS NULL THEN p_payloads[i] ELSE v_kept.payloads END);
-            base_offset := v_last - v_count + 1;
+            v_rows := v_rows || v_row;
+            base_offset := v_row.base_offset;
             -- Rounded up, so that no cache expires a hash before SQL would.
             created_ms := ceil(extract(epoch FROM v_now) * 1000)::bigint;
             v_stored := true;
         END IF;
         RETURN NEXT;
     END LOOP;
+    -- The rows stored, in order, by one INSERT: a statement's start costs
+    -- more than the row it writes.
+    IF cardinality(v_rows) > 0 THEN
+        INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids, transaction_ids, payloads)
+        SELECT r.partition_id, r.end_offset, r.base_offset, r.created_at, r.hashes, r.message_ids, r.transaction_ids, r.payloads
+          FROM unnest(v_rows) AS r;
+    END IF;
     -- A call that stored nothing wrote only row locks, and every original it
     -- named was durable before it was visible: where each call is a
     -- transaction of its own (a gateway's shard connections say so), its
