@@ -179,6 +179,7 @@ DECLARE
     v_at integer;          -- a hash's byte position in that row, from 0
     v_run integer;         -- the segment's first hash's place in that row when
                            -- the segment is a run of it, else -1
+    v_above bytea;         -- the hashes above p_from of the rows below that row
     v_below bigint;        -- hashes of the rows below that row found in the segment
     v_settings text;       -- what set_config answered (unused)
 BEGIN
@@ -368,45 +369,32 @@ BEGIN
         -- alone, the window's bound applied above a fence: with both at one
         -- level, the generic plan read them through the created_at index,
         -- every row of the partition's window.
-        IF v_first_base IS NOT NULL AND v_count > 64 AND v_first_base > p_from + 1 THEN
-            -- A large segment: a byte search per row hash would cost the
-            -- segment's length each time, so the rows' hashes above p_from
-            -- are joined with the segment's on equality instead, by hash,
-            -- once each (aligned matches only: exactly the earlier
-            -- occurrences). Counted rather than limited to one: for a LIMIT
-            -- the planner would pick a nested loop over both lists.
-            SELECT count(*) INTO v_below
-              FROM (SELECT substring(r.hashes FROM 16 * greatest(p_from + 1 - r.base_offset, 0)::integer + 1) AS above
-                      FROM (SELECT r0.base_offset, r0.created_at, r0.hashes
-                              FROM stile.log r0
-                             WHERE r0.partition_id = p_pid
-                               AND r0.end_offset > p_from
-                               AND r0.end_offset < v_first_base
-                            OFFSET 0) AS r
-                     WHERE r.created_at >= v_since
-                    OFFSET 0) AS b
-             CROSS JOIN LATERAL stile.unnest_hashes(b.above) AS below
-              JOIN stile.unnest_hashes(p_hashes) AS mine ON mine.h = below.h;
-            IF v_below > 0 THEN
-                v_first_base := NULL;
+        IF v_first_base IS NOT NULL AND v_count > 4 AND v_first_base > p_from + 1 THEN
+            SELECT string_agg(substring(r.hashes FROM 16 * greatest(p_from + 1 - r.base_offset, 0)::integer + 1), '\x'::bytea)
+              INTO v_above
+              FROM (SELECT r0.base_offset, r0.created_at, r0.hashes
+                      FROM stile.log r0
+                     WHERE r0.partition_id = p_pid
+                       AND r0.end_offset > p_from
+                       AND r0.end_offset < v_first_base
+                    OFFSET 0) AS r
+             WHERE r.created_at >= v_since;
+            IF v_count > 64 THEN
+                -- A large segment: a byte search per hash below would cost
+                -- the segment's length each time, so the hashes are joined
+                -- with the segment's on equality instead, by hash, once each
+                -- (aligned matches only: exactly the earlier occurrences).
+                SELECT count(*) INTO v_below
+                  FROM stile.unnest_hashes(v_above) AS below
+                  JOIN stile.unnest_hashes(p_hashes) AS mine ON mine.h = below.h;
+            ELSE
+                -- (Any byte match counts here, aligned or not: it can only
+                -- send the segment to the full span.)
+                SELECT count(*) INTO v_below
+                  FROM generate_series(0, length(v_above) / 16 - 1) AS j
+                 WHERE position(substring(v_above FROM 16 * j + 1 FOR 16) IN p_hashes) > 0;
             END IF;
-        ELSIF v_first_base IS NOT NULL AND v_count > 4 AND v_first_base > p_from + 1 THEN
-            -- (Any byte match counts here, aligned or not: it can only send
-            -- the segment to the full span.)
-            PERFORM 1
-               FROM (SELECT substring(r.hashes FROM 16 * greatest(p_from + 1 - r.base_offset, 0)::integer + 1) AS above
-                       FROM (SELECT r0.base_offset, r0.created_at, r0.hashes
-                               FROM stile.log r0
-                              WHERE r0.partition_id = p_pid
-                                AND r0.end_offset > p_from
-                                AND r0.end_offset < v_first_base
-                             OFFSET 0) AS r
-                      WHERE r.created_at >= v_since
-                     OFFSET 0) AS b
-              WHERE EXISTS (SELECT 1 FROM generate_series(0, length(b.above) / 16 - 1) AS j
-                             WHERE position(substring(b.above FROM 16 * j + 1 FOR 16) IN p_hashes) > 0)
-              LIMIT 1;
-            IF FOUND THEN
+            IF v_below > 0 THEN
                 v_first_base := NULL;
             END IF;
         END IF;
