@@ -796,14 +796,6 @@ BEGIN
                        ELSE stile.probe_from(stile.vouched_upto(v_vouch, v_planned, v_window), v_locked, v_start) END;
         probe := stile.probe_kind(v_window, v_last, v_from, v_start);
         IF probe IN ('narrowed', 'full') THEN
-            IF (v_rows[cardinality(v_rows)]).partition_id = v_pid THEN
-                -- The probe reads the rows of this partition's earlier
-                -- segments in this call: they are written first.
-                INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids, transaction_ids, payloads)
-                SELECT r.partition_id, r.end_offset, r.base_offset, r.created_at, r.hashes, r.message_ids, r.transaction_ids, r.payloads
-                  FROM unnest(v_rows) AS r;
-                v_rows := '{}';
-            END IF;
             SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
               FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed',
                                stile.held_floors(p_hash_floors[i], v_now, v_holds_from, v_planned, v_window)) AS r;
@@ -837,14 +829,16 @@ BEGIN
             v_stored := true;
         END IF;
         RETURN NEXT;
+        -- The rows stored, in order, by one INSERT at the end of the call (a
+        -- statement's start costs more than the row it writes), or sooner
+        -- when the next segment is of this partition: its probe reads them.
+        IF cardinality(v_rows) > 0 AND (j = v_n OR p_partition_ids[coalesce(v_order[j + 1], j + 1)] = v_pid) THEN
+            INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids, transaction_ids, payloads)
+            SELECT r.partition_id, r.end_offset, r.base_offset, r.created_at, r.hashes, r.message_ids, r.transaction_ids, r.payloads
+              FROM unnest(v_rows) AS r;
+            v_rows := '{}';
+        END IF;
     END LOOP;
-    -- The rows stored, in order, by one INSERT: a statement's start costs
-    -- more than the row it writes.
-    IF cardinality(v_rows) > 0 THEN
-        INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids, transaction_ids, payloads)
-        SELECT r.partition_id, r.end_offset, r.base_offset, r.created_at, r.hashes, r.message_ids, r.transaction_ids, r.payloads
-          FROM unnest(v_rows) AS r;
-    END IF;
     -- A call that stored nothing wrote only row locks, and every original it
     -- named was durable before it was visible: where each call is a
     -- transaction of its own (a gateway's shard connections say so), its
