@@ -1173,6 +1173,63 @@ async fn a_hash_is_looked_for_in_the_rows_just_above_its_floor() {
     assert_eq!(placed(&duplicates(&out[0]).0), vec![(0, 1), (1, 45)]);
 }
 
+/// Replays floored far below their originals, over rows of every size: rows
+/// of one and of three messages (read together up to the floor's 128th
+/// offset), rows of 20 (walked one by one) and a row larger than 256 hashes
+/// per hash looked for (read in slices). Each replay is answered with its
+/// first occurrence above its floor, the ids of messages retention removed
+/// as unknown, and nothing is written. A replay with an offset in no row
+/// between its floor and its original is answered the same, by the probe's
+/// other reads.
+#[tokio::test]
+async fn replays_floored_far_below_are_found_across_rows_of_every_size() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let c = t.client().await;
+    let ids: Vec<String> = (0..1000).map(|i| format!("r-{i}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    // Offsets 0..60 one per row, 60..150 three per row, 150..250 twenty per
+    // row, 250..1000 one row.
+    let mut bounds: Vec<usize> = (0..=60).collect();
+    bounds.extend((63..=150).step_by(3));
+    bounds.extend((170..=250).step_by(20));
+    bounds.push(1000);
+    let mut message_ids = Vec::new();
+    for pair in bounds.windows(2) {
+        let s = segment(p.id, &refs[pair[0]..pair[1]], -1, 3600);
+        message_ids.extend(s.message_ids.iter().copied());
+        t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
+    }
+    for base in [30, 31, 90, 170] {
+        remove_messages(&c, p.id, base).await;
+    }
+    let removed = |i: usize| (30..32).contains(&i) || (90..93).contains(&i) || (170..190).contains(&i);
+    let before = partition_state(&c, p.id).await;
+    let picks = [31usize, 100, 92, 58, 245, 171, 140, 700, 260, 12, 999];
+    let txns: Vec<&str> = picks.iter().map(|&i| refs[i]).collect();
+    let expected: Vec<(u32, i64, uuid::Uuid)> = picks
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| (k as u32, i as i64, if removed(i) { uuid::Uuid::nil() } else { message_ids[i] }))
+        .collect();
+    for distance in [1i64, 17, 64, 127] {
+        let floors: Vec<i64> = picks.iter().map(|&i| (i as i64 - distance).max(-1)).collect();
+        let out = t.db.push_bundle(ClockFloor::EPOCH, &[with_floors(segment(p.id, &txns, -1, 3600), &floors)]).await.unwrap();
+        let (dups, _) = duplicates(&out[0]);
+        assert_eq!((named(&dups), stored_at(&out[0])), (expected.clone(), None), "floors {distance} below");
+    }
+    assert_eq!(partition_state(&c, p.id).await, before);
+
+    // The rows of offsets 40..50 gone: a replay of 55 floored at 35 finds
+    // no row holding 40, and the rows read together are apart.
+    c.execute("DELETE FROM stile.log WHERE partition_id = $1 AND end_offset BETWEEN 40 AND 49", &[&p.id]).await.unwrap();
+    let out =
+        t.db.push_bundle(ClockFloor::EPOCH, &[with_floors(segment(p.id, &[refs[55], refs[245]], -1, 3600), &[35, 200])])
+            .await
+            .unwrap();
+    assert_eq!(named(&duplicates(&out[0]).0), vec![(0, 55, message_ids[55]), (1, 245, message_ids[245])]);
+}
+
 /// Hash floors that are not 8 bytes per message refuse the bundle whole.
 #[tokio::test]
 async fn hash_floors_of_the_wrong_length_refuse_the_bundle() {

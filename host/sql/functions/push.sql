@@ -124,6 +124,148 @@ AS $$
     SELECT greatest(least(p_vouched, p_locked), p_start - 1)
 $$;
 
+-- The message ids of offsets p_base ..= p_end once retention removed them:
+-- 16 zero bytes each, an id no UUIDv7 has, so that ids read across rows
+-- keep their places. Inlined (see stile.floor_at).
+CREATE OR REPLACE FUNCTION stile.no_message_ids(p_base bigint, p_end bigint)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT decode(repeat('00', 16 * (p_end - p_base + 1)::integer), 'hex')
+$$;
+
+-- The segment's hashes (p_hashes) each found above its own floor (p_floors,
+-- see stile.floor_at), in the rows of partition p_pid inside the window
+-- (created at or after p_since) with end_offset up to p_last, floors below
+-- p_from raised to it: per hash, its index, its first occurrence's offset
+-- and that message's id (NULL once retention removed it); NULLs unless
+-- every hash is found.
+--
+-- Each hash is looked for in the 128 offsets above its floor, row by row
+-- from the one holding the floor's next offset (or the first above it), in
+-- each from the first offset not yet searched; where a row holds fewer than
+-- 16 hashes, the rows after it up to the one holding the floor's 128th
+-- offset are read together instead. Its first aligned match is its first
+-- occurrence above the floor, which vouches for the rest. The hashes are
+-- taken by ascending floor, so that a row read for one serves the next
+-- ones it holds: whole where it holds fewer than 256 hashes per hash of the
+-- segment, else in a slice for each. A row outside the window, rows read
+-- together that are apart (an offset between them in no row), a hash not
+-- found, or one matched out of alignment, leave the segment to the probe's
+-- other reads. Message ids removed by retention read as zeros (an id no
+-- UUIDv7 has) where rows are read together, so that the others keep their
+-- places.
+CREATE OR REPLACE FUNCTION stile.found_above_floors(
+    p_pid bigint,
+    p_from bigint,
+    p_last bigint,
+    p_since timestamptz,
+    p_hashes bytea,
+    p_floors bytea,
+    OUT dup_idx integer[],
+    OUT dup_off bigint[],
+    OUT dup_ids uuid[]
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer := length(p_hashes) / 16;
+    v_k integer;           -- a hash's index in the segment
+    v_floor bigint;        -- its floor (at least p_from)
+    v_searched bigint;     -- the last offset above it searched for it
+    v_hash bytea;          -- the hash
+    v_at integer;          -- its byte position in the slice, from 0
+    v_row_base bigint;     -- the row read for it: its offsets,
+    v_row_end bigint;
+    v_row_inside boolean;  -- whether it lies inside the window,
+    v_row_hashes bytea;    -- and its hashes and ids where read whole
+    v_row_mids bytea;
+    v_skip integer;        -- where the hash's slice starts in that row
+    v_slice_base bigint;   -- the first offset of the slice it is looked for in
+    v_slice bytea;         -- the slice's hashes
+    v_slice_mids bytea;    -- and message ids
+    v_span_held boolean;   -- whether the rows after that row are contiguous and inside the window
+    v_found integer := 0;  -- hashes found
+BEGIN
+    dup_off := array_fill(NULL::bigint, ARRAY[v_count]);
+    dup_ids := array_fill(NULL::uuid, ARRAY[v_count]);
+    <<hashes>>
+    FOR v_k, v_floor IN
+        SELECT k, greatest(stile.floor_at(p_floors, k), p_from) FROM generate_series(0, v_count - 1) AS k ORDER BY 2, 1
+    LOOP
+        v_hash := substring(p_hashes FROM 16 * v_k + 1 FOR 16);
+        v_searched := v_floor;
+        LOOP
+            IF v_row_end IS NULL OR v_row_end <= v_searched OR v_row_base > v_searched + 1 THEN
+                SELECT r.base_offset, r.end_offset, r.created_at >= p_since,
+                       CASE WHEN r.end_offset - r.base_offset < 256 * v_count THEN r.hashes || '\x'::bytea END,
+                       CASE WHEN r.end_offset - r.base_offset < 256 * v_count
+                            THEN coalesce(r.message_ids || '\x'::bytea, stile.no_message_ids(r.base_offset, r.end_offset)) END
+                  INTO v_row_base, v_row_end, v_row_inside, v_row_hashes, v_row_mids
+                  FROM stile.log r
+                 WHERE r.partition_id = p_pid AND r.end_offset > v_searched AND r.end_offset <= p_last
+                 ORDER BY r.end_offset
+                 LIMIT 1;
+                IF NOT FOUND THEN
+                    v_row_end := NULL;
+                    EXIT hashes;
+                END IF;
+                EXIT hashes WHEN NOT v_row_inside OR v_row_base > v_floor + 128;
+            END IF;
+            v_skip := greatest(v_searched + 1 - v_row_base, 0);
+            v_slice_base := v_row_base + v_skip;
+            IF v_row_hashes IS NULL THEN
+                SELECT substring(r.hashes FROM 16 * v_skip + 1 FOR 16 * 128),
+                       coalesce(substring(r.message_ids FROM 16 * v_skip + 1 FOR 16 * 128),
+                                stile.no_message_ids(v_slice_base, r.end_offset))
+                  INTO v_slice, v_slice_mids
+                  FROM stile.log r WHERE r.partition_id = p_pid AND r.end_offset = v_row_end;
+            ELSE
+                v_slice := substring(v_row_hashes FROM 16 * v_skip + 1 FOR 16 * 128);
+                v_slice_mids := substring(v_row_mids FROM 16 * v_skip + 1 FOR 16 * 128);
+            END IF;
+            v_at := position(v_hash IN v_slice) - 1;
+            EXIT WHEN v_at >= 0;
+            EXIT hashes WHEN v_row_end >= least(v_floor + 128, p_last);
+            IF v_row_end - v_row_base < 15 THEN
+                SELECT min(r.base_offset),
+                       sum(r.end_offset - r.base_offset + 1) = max(r.end_offset) - min(r.base_offset) + 1
+                           AND bool_and(r.created_at >= p_since),
+                       string_agg(r.hashes, '\x'::bytea ORDER BY r.end_offset),
+                       string_agg(coalesce(r.message_ids, stile.no_message_ids(r.base_offset, r.end_offset)), '\x'::bytea
+                                  ORDER BY r.end_offset)
+                  INTO v_slice_base, v_span_held, v_slice, v_slice_mids
+                  FROM (SELECT r0.base_offset, r0.end_offset, r0.created_at, r0.hashes, r0.message_ids
+                          FROM stile.log r0
+                         WHERE r0.partition_id = p_pid AND r0.end_offset > v_row_end
+                           AND r0.end_offset <= least(v_floor + 128, p_last)
+                        UNION ALL
+                        (SELECT r1.base_offset, r1.end_offset, r1.created_at, r1.hashes, r1.message_ids
+                           FROM stile.log r1
+                          WHERE r1.partition_id = p_pid AND r1.end_offset > v_floor + 128 AND r1.end_offset <= p_last
+                          ORDER BY r1.end_offset
+                          LIMIT 1)) AS r
+                 WHERE r.base_offset <= v_floor + 128;
+                EXIT hashes WHEN v_slice_base IS DISTINCT FROM v_row_end + 1 OR NOT v_span_held;
+                v_at := position(v_hash IN substring(v_slice FROM 1 FOR 16 * 128)) - 1;
+                EXIT;
+            END IF;
+            v_searched := v_row_end;
+        END LOOP;
+        EXIT hashes WHEN v_at < 0 OR v_at % 16 <> 0;
+        dup_off[v_k + 1] := v_slice_base + v_at / 16;
+        dup_ids[v_k + 1] := nullif(stile.message_id_at(v_slice_mids, v_at / 16), '00000000-0000-0000-0000-000000000000');
+        v_found := v_found + 1;
+    END LOOP;
+    IF v_found = v_count THEN
+        dup_idx := ARRAY(SELECT generate_series(0, v_count - 1));
+    ELSE
+        dup_off := NULL;
+        dup_ids := NULL;
+    END IF;
+END
+$$;
+
 -- The probe of one segment, under its partition's row lock: its hashes
 -- (p_hashes, 16 bytes each, distinct) against the log rows of the span, the
 -- rows of the partition inside the window (created at or after p_now less
@@ -144,11 +286,11 @@ $$;
 -- A probe given each hash's own floor (p_floors, 8 bytes per hash, see
 -- stile.floor_at: the cache's bound at or below which that hash does not
 -- occur, NULL where the cache's vouches do not hold, see stile.held_floors)
--- first looks for each hash in the 128 offsets above its floor (a replay of
--- ids of many requests, each found in a slice of one or a few rows instead
--- of in every row of the span). The first hash found there at a hash
--- boundary is its first occurrence; when every hash is found, that is the
--- answer, and otherwise the probe goes on as without floors.
+-- first looks for each hash in the 128 offsets above its floor
+-- (stile.found_above_floors: a replay of ids of many requests, each found in
+-- a slice of one or a few rows instead of in every row of the span); when
+-- every hash is found there, that is the answer, and otherwise the probe
+-- goes on as without floors.
 DROP FUNCTION IF EXISTS stile.probe(bigint, bigint, bigint, integer, timestamptz, bytea, boolean);
 CREATE OR REPLACE FUNCTION stile.probe(
     p_pid bigint,
@@ -260,71 +402,11 @@ BEGIN
     END IF;
 
     IF p_floors IS NOT NULL THEN
-        -- Each hash's rows: those of the span holding the 128 offsets above
-        -- its floor (the first row above the floor, and when that row ends
-        -- sooner, the rows after it up to the one holding floor + 128), and
-        -- in each a slice of at most 128 hashes from the floor on. The
-        -- slices together cover those offsets without a gap, so the lowest
-        -- hash found is the first occurrence above the floor. Each row is
-        -- read once, by its primary key (LIMIT 1 keeps the planner off the
-        -- created_at index). Its hashes and message ids are detoasted whole
-        -- once (below the fence) where it holds fewer than 256 hashes per
-        -- hash looked for in it; in a larger row each slice reads only the
-        -- chunks it covers (both columns are stored uncompressed). Each
-        -- floor is decoded once (x: the lookups below would each decode it
-        -- again), and each row carries the hashes looked for in it (w).
-        WITH x AS MATERIALIZED (
-            SELECT k, greatest(stile.floor_at(p_floors, k), p_from) AS floor
-              FROM generate_series(0, v_count - 1) AS k
-        ), c AS MATERIALIZED (
-            SELECT x.k, x.floor, n.row_end
-              FROM x
-             CROSS JOIN LATERAL (SELECT r.end_offset FROM stile.log r
-                                  WHERE r.partition_id = p_pid AND r.end_offset > x.floor AND r.end_offset <= p_last
-                                  ORDER BY r.end_offset LIMIT 1) AS f
-             CROSS JOIN LATERAL (
-                    SELECT f.end_offset AS row_end
-                    UNION ALL
-                    SELECT r.end_offset FROM stile.log r
-                     WHERE f.end_offset < x.floor + 128 AND r.partition_id = p_pid
-                       AND r.end_offset > f.end_offset AND r.end_offset <= least(x.floor + 128, p_last)
-                    UNION ALL
-                    (SELECT r.end_offset FROM stile.log r
-                      WHERE f.end_offset < x.floor + 128 AND r.partition_id = p_pid
-                        AND r.end_offset > x.floor + 128 AND r.end_offset <= p_last
-                      ORDER BY r.end_offset LIMIT 1)) AS n
-        ), w AS MATERIALIZED (
-            SELECT r.end_offset, r.base_offset, r.created_at, r.ks, r.floors,
-                   CASE WHEN r.whole THEN r.hashes || '\x'::bytea ELSE r.hashes END AS hashes,
-                   CASE WHEN r.whole THEN r.message_ids || '\x'::bytea ELSE r.message_ids END AS message_ids
-              FROM (SELECT c.row_end, array_agg(c.k) AS ks, array_agg(c.floor) AS floors FROM c GROUP BY c.row_end) AS e
-             CROSS JOIN LATERAL (SELECT l.*, e.ks, e.floors, l.end_offset - l.base_offset < 256 * cardinality(e.ks) AS whole
-                                   FROM stile.log l
-                                  WHERE l.partition_id = p_pid AND l.end_offset = e.row_end LIMIT 1) AS r
-        )
-        SELECT array_agg(d.k ORDER BY d.k), array_agg(d.found_at ORDER BY d.k), array_agg(d.message_id ORDER BY d.k)
-          INTO dup_idx, dup_off, dup_ids
-          FROM (SELECT DISTINCT ON (s.k) s.k, w.base_offset + s.skip + s.at / 16 AS found_at,
-                       stile.message_id_at(w.message_ids, (s.skip + s.at / 16)::integer) AS message_id
-                  FROM w
-                 CROSS JOIN LATERAL (
-                        -- Each row's hashes are searched where they are (the
-                        -- fence keeps the planner from copying them into a
-                        -- hash table).
-                        SELECT q.k, greatest(q.floor + 1 - w.base_offset, 0) AS skip,
-                               position(substring(p_hashes FROM 16 * q.k + 1 FOR 16)
-                                        IN substring(w.hashes FROM 16 * greatest(q.floor + 1 - w.base_offset, 0)::integer + 1
-                                                     FOR 16 * 128)) - 1 AS at
-                          FROM unnest(w.ks, w.floors) AS q (k, floor)
-                        OFFSET 0) AS s
-                 WHERE w.created_at >= v_since AND s.at >= 0 AND s.at % 16 = 0
-                 ORDER BY s.k, w.end_offset) AS d;
-        IF cardinality(dup_idx) = v_count THEN
+        SELECT f.dup_idx, f.dup_off, f.dup_ids INTO dup_idx, dup_off, dup_ids
+          FROM stile.found_above_floors(p_pid, p_from, p_last, v_since, p_hashes, p_floors) AS f;
+        IF dup_idx IS NOT NULL THEN
             RETURN;
         END IF;
-        dup_idx := NULL;
-        dup_off := NULL;
-        dup_ids := NULL;
     END IF;
 
     IF p_narrowed OR v_count <= 4 THEN
