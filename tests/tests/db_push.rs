@@ -1175,8 +1175,9 @@ async fn a_hash_is_looked_for_in_the_rows_just_above_its_floor() {
 
 /// Replays floored far below their originals, over rows of every size: rows
 /// of one and of three messages (read together up to the floor's 128th
-/// offset), rows of 20 (walked one by one) and a row larger than 256 hashes
-/// per hash looked for (read in slices). Each replay is answered with its
+/// offset), rows of 20 (walked one by one), a row of 750 (read whole) and
+/// one larger than 256 hashes per hash looked for (read in slices). Each
+/// replay is answered with its
 /// first occurrence above its floor, the ids of messages retention removed
 /// as unknown, and nothing is written. A replay with an offset in no row
 /// between its floor and its original is answered the same, by the probe's
@@ -1186,26 +1187,26 @@ async fn replays_floored_far_below_are_found_across_rows_of_every_size() {
     let t = TestDb::new().await;
     let p = t.db.resolve_partition("q", "p").await.unwrap();
     let c = t.client().await;
-    let ids: Vec<String> = (0..1000).map(|i| format!("r-{i}")).collect();
+    let ids: Vec<String> = (0..5000).map(|i| format!("r-{i}")).collect();
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     // Offsets 0..60 one per row, 60..150 three per row, 150..250 twenty per
-    // row, 250..1000 one row.
+    // row, 250..1000 one row, 1000..5000 one row.
     let mut bounds: Vec<usize> = (0..=60).collect();
     bounds.extend((63..=150).step_by(3));
     bounds.extend((170..=250).step_by(20));
-    bounds.push(1000);
+    bounds.extend([1000, 5000]);
     let mut message_ids = Vec::new();
     for pair in bounds.windows(2) {
         let s = segment(p.id, &refs[pair[0]..pair[1]], -1, 3600);
         message_ids.extend(s.message_ids.iter().copied());
         t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
     }
-    for base in [30, 31, 90, 170] {
+    for base in [30, 31, 90, 170, 1000] {
         remove_messages(&c, p.id, base).await;
     }
-    let removed = |i: usize| (30..32).contains(&i) || (90..93).contains(&i) || (170..190).contains(&i);
+    let removed = |i: usize| [30..32, 90..93, 170..190, 1000..5000].iter().any(|r| r.contains(&i));
     let before = partition_state(&c, p.id).await;
-    let picks = [31usize, 100, 92, 58, 245, 171, 140, 700, 260, 12, 999];
+    let picks = [31usize, 100, 92, 58, 245, 171, 140, 700, 260, 12, 999, 3456];
     let txns: Vec<&str> = picks.iter().map(|&i| refs[i]).collect();
     let expected: Vec<(u32, i64, uuid::Uuid)> = picks
         .iter()

@@ -217,7 +217,7 @@ BEGIN
             IF v_row_hashes IS NULL THEN
                 SELECT substring(r.hashes FROM 16 * v_skip + 1 FOR 16 * 128),
                        coalesce(substring(r.message_ids FROM 16 * v_skip + 1 FOR 16 * 128),
-                                stile.no_message_ids(v_slice_base, r.end_offset))
+                                stile.no_message_ids(v_slice_base, least(r.end_offset, v_slice_base + 127)))
                   INTO v_slice, v_slice_mids
                   FROM stile.log r WHERE r.partition_id = p_pid AND r.end_offset = v_row_end;
             ELSE
