@@ -66,7 +66,7 @@ use stile_bench::{
     Switch, count, load_average, machine, median, percentile_ms, run_to_end, seconds, server_version, write_push_body,
     write_replay_body,
 };
-use stile_tests::cpu::{context_switches, cpu_seconds, postgres_pids};
+use stile_tests::cpu::{context_switches, cpu_seconds, postgres_cpu_seconds};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
 use stile_tests::pg::{TestDb, backend_pids};
 
@@ -531,10 +531,12 @@ async fn pg_counters(pg: &tokio_postgres::Client) -> PgCounters {
     PgCounters { wal_bytes: row.get("wal_bytes"), wal_records: row.get("wal_records"), index_entries: row.get("index_entries") }
 }
 
-/// CPU seconds used so far by the gateway, PostgreSQL, this process and the
-/// gateway's backends.
-fn cpu_now(gateway: i32, postgres: &[i32], backends: &[i32]) -> [f64; 4] {
-    [cpu_seconds(&[gateway]), cpu_seconds(postgres), cpu_seconds(&[std::process::id() as i32]), cpu_seconds(backends)]
+/// CPU seconds used so far by the gateway, PostgreSQL (every server process,
+/// those that have exited included: the backends of a gateway that has just
+/// stopped end during a measurement), this process and the gateway's
+/// backends.
+fn cpu_now(gateway: i32, backends: &[i32]) -> [f64; 4] {
+    [cpu_seconds(&[gateway]), postgres_cpu_seconds(), cpu_seconds(&[std::process::id() as i32]), cpu_seconds(backends)]
 }
 
 /// Series read from /metrics before and after a measured run: the segments
@@ -601,17 +603,16 @@ async fn measure(gw: &Gateway, pg: &tokio_postgres::Client, args: &Args, slice: 
     }
     tokio::time::sleep_until(measure_from.into()).await;
     // After the warm-up: the gateway's pool has opened its connections.
-    let postgres = postgres_pids();
     let backends = backend_pids(pg, &config.application_name()).await;
     let before = series(&mut observer).await;
     let counters_before = pg_counters(pg).await;
-    let cpu_before = cpu_now(gw.pid(), &postgres, &backends);
+    let cpu_before = cpu_now(gw.pid(), &backends);
     let switches_before = context_switches();
     let mut tally = Tally::default();
     for task in tasks {
         tally.merge(task.await.expect("a connection task"));
     }
-    let cpu_after = cpu_now(gw.pid(), &postgres, &backends);
+    let cpu_after = cpu_now(gw.pid(), &backends);
     let switches = context_switches() - switches_before;
     let counters_after = pg_counters(pg).await;
     let counters = counters_after.per_message_since(&counters_before, tally.items);
