@@ -206,11 +206,7 @@ BEGIN
                  WHERE r.partition_id = p_pid AND r.end_offset > v_searched AND r.end_offset <= p_last
                  ORDER BY r.end_offset
                  LIMIT 1;
-                IF NOT FOUND THEN
-                    v_row_end := NULL;
-                    EXIT hashes;
-                END IF;
-                EXIT hashes WHEN NOT v_row_inside OR v_row_base > v_floor + 128;
+                EXIT hashes WHEN NOT FOUND OR NOT v_row_inside OR v_row_base > v_floor + 128;
             END IF;
             v_skip := greatest(v_searched + 1 - v_row_base, 0);
             v_slice_base := v_row_base + v_skip;
