@@ -29,11 +29,23 @@ pub struct Waiter {
 }
 
 /// One distinct hash of a partition's queue: the leading message and every
-/// waiter on it. `waiters[0]` is the leader's own request position.
+/// waiter on it. The leader's own request position is held apart from the
+/// others', so that the common slot, waited on by its leader alone, costs no
+/// allocation.
 #[derive(Debug)]
 pub struct Slot {
     pub message: Message,
-    pub waiters: Vec<Waiter>,
+    /// The leading message's own request position.
+    pub leader: Waiter,
+    /// Every other request position waiting on this hash, in arrival order.
+    pub followers: Vec<Waiter>,
+}
+
+impl Slot {
+    /// Every waiter, the leader first.
+    pub fn waiters(&self) -> impl Iterator<Item = Waiter> + '_ {
+        std::iter::once(self.leader).chain(self.followers.iter().copied())
+    }
 }
 
 /// One partition's pending messages.
@@ -79,7 +91,7 @@ impl CoalescedSegment {
     /// changes: where the segment would be cut to give each request's slots
     /// a piece of their own.
     pub fn request_changes(&self) -> Vec<usize> {
-        let request = |slot: &Slot| slot.waiters[0].request;
+        let request = |slot: &Slot| slot.leader.request;
         (1..self.slots.len()).filter(|&i| request(&self.slots[i]) != request(&self.slots[i - 1])).collect()
     }
 
@@ -124,8 +136,14 @@ impl PartitionQueue {
     /// Adds a request's messages (`(position in request, message)`), merging
     /// each into the slot of an earlier equal hash where there is one.
     pub fn add(&mut self, request: u64, messages: impl IntoIterator<Item = (u32, Message)>) {
+        let messages = messages.into_iter();
+        // Room for them all at once: a queue gives its buffers up with each
+        // segment taken, and would otherwise grow them step by step again.
+        let (expected, _) = messages.size_hint();
+        self.slots.reserve(expected);
+        self.by_hash.reserve(expected);
         for (index, message) in messages {
-            self.push_slot(Slot { message, waiters: vec![Waiter { request, index }] });
+            self.push_slot(Slot { message, leader: Waiter { request, index }, followers: Vec::new() });
         }
     }
 
@@ -153,7 +171,7 @@ impl PartitionQueue {
 
     fn push_slot(&mut self, slot: Slot) {
         match self.by_hash.get(&slot.message.hash) {
-            Some(&leader) => self.slots[leader].waiters.extend(slot.waiters),
+            Some(&leader) => self.slots[leader].followers.extend(slot.waiters()),
             None => {
                 self.by_hash.insert(slot.message.hash, self.slots.len());
                 self.slots.push(slot);
@@ -192,7 +210,7 @@ mod tests {
         assert!(queue.is_empty());
         let b = &segment.slots[1];
         assert_eq!(b.message.transaction_id, "b");
-        assert_eq!(b.waiters, vec![Waiter { request: 1, index: 1 }, Waiter { request: 2, index: 0 }]);
+        assert_eq!(b.waiters().collect::<Vec<_>>(), vec![Waiter { request: 1, index: 1 }, Waiter { request: 2, index: 0 }]);
         assert_eq!(segment.hashes.len(), 3 * 16);
         assert_eq!(&segment.hashes[16..32], &crate::hash::txn_hash("b"));
     }

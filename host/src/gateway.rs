@@ -403,7 +403,7 @@ impl RequestPlan {
             groups: Vec::new(),
         };
         let repeats_possible = items.len() > 1;
-        let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::with_capacity(if repeats_possible { items.len() } else { 0 });
         let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
         for (index, item) in items.iter().enumerate() {
             let leader = match &item.transaction_id {

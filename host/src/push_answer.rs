@@ -9,8 +9,6 @@
 //! strings per item through a serializer was the gateway's largest single
 //! cost.
 
-use std::io::Write as _;
-
 use crate::gateway::PushResult;
 use crate::json_string;
 
@@ -33,10 +31,15 @@ pub fn render(results: &[PushResult]) -> Vec<u8> {
 const ENTRY_BYTES: usize = 160;
 
 fn entry(out: &mut Vec<u8>, index: usize, result: &PushResult) {
+    let mut numbers = itoa::Buffer::new();
     let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let id = result.message_id.hyphenated().encode_lower(&mut id);
-    write!(out, "{{\"index\":{index},\"message_id\":\"{id}\",\"offset\":{},\"partition\":", result.offset)
-        .expect("a Vec takes every write");
+    out.extend_from_slice(b"{\"index\":");
+    out.extend_from_slice(numbers.format(index).as_bytes());
+    out.extend_from_slice(b",\"message_id\":\"");
+    out.extend_from_slice(result.message_id.hyphenated().encode_lower(&mut id).as_bytes());
+    out.extend_from_slice(b"\",\"offset\":");
+    out.extend_from_slice(numbers.format(result.offset).as_bytes());
+    out.extend_from_slice(b",\"partition\":");
     string(out, &result.partition);
     out.extend_from_slice(b",\"queueName\":");
     string(out, &result.queue);

@@ -1059,7 +1059,7 @@ impl Worker {
             partition.busy = false;
         }
         for slot in in_flight.segment.slots {
-            for waiter in slot.waiters {
+            for waiter in slot.waiters() {
                 if let Some(request) = self.requests.remove(&waiter.request) {
                     let _ = request.reply.send(Err(failure.clone()));
                 }
@@ -1075,7 +1075,7 @@ impl Worker {
                 Outcome::Duplicate { message_id, offset }
             }
         };
-        for (position, waiter) in slot.waiters.into_iter().enumerate() {
+        for (position, waiter) in slot.waiters().enumerate() {
             let outcome = if position == 0 { leader } else { inherited };
             let Some(request) = self.requests.get_mut(&waiter.request) else { continue };
             let cell = &mut request.outcomes[waiter.index as usize];

@@ -5,7 +5,8 @@
 //! (`from_slice::<IgnoredAny>`, which builds and validates nothing else) and
 //! the UTF-8 check the reader starts with; and the allocations the request
 //! path makes without the network: parsing, layer 1's plan
-//! (`RequestPlan::new`) and the answers it builds.
+//! (`RequestPlan::new`), the shard's queue (`PartitionQueue`: the messages
+//! added, one segment taken), the answers and their body.
 //!
 //! Allocations are counted by a counting global allocator over mimalloc (the
 //! gateway's allocator); every candidate runs under it, so its cost is the
@@ -23,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
+use stile::fusion::{Message, PartitionQueue};
 use stile::gateway::RequestPlan;
+use stile::hash::txn_hash;
 use stile::shard::Outcome;
 use stile_bench::{machine, median, write_push_body};
 use uuid::Uuid;
@@ -150,17 +153,49 @@ fn allocations_during<T>(work: impl FnOnce() -> T) -> (u64, T) {
     (ALLOCATIONS.load(Ordering::Relaxed) + REALLOCATIONS.load(Ordering::Relaxed) - before, out)
 }
 
-/// Allocations of the request path without the network, for one body:
-/// parsing, layer 1's plan, and the answers (each item answered as queued).
-fn request_path_allocations(body: &Bytes) -> (u64, u64, u64) {
+/// Allocations of the request path without the network, for one body, by
+/// step: parsing, layer 1's plan, the shard's queue (the leaders' messages
+/// added to their partition's queue and taken as one segment), the answers
+/// (each item answered as queued) and the answer's body.
+struct PathAllocations {
+    parse: u64,
+    plan: u64,
+    queue: u64,
+    answers: u64,
+    body: u64,
+}
+
+impl PathAllocations {
+    fn all(&self) -> u64 {
+        self.parse + self.plan + self.queue + self.answers + self.body
+    }
+}
+
+fn request_path_allocations(body: &Bytes) -> PathAllocations {
     let (parse, items) = allocations_during(|| stile::api::parse_push(body, MAX_ITEMS).expect("valid"));
     let count = items.len();
+    // The messages a shard receives, made outside the count (the plan made
+    // them once already, and keeps them to itself).
+    let messages: Vec<Message> = items
+        .iter()
+        .map(|item| {
+            let transaction_id = item.transaction_id.clone().expect("load's bodies name every transactionId");
+            Message { message_id: Uuid::now_v7(), hash: txn_hash(&transaction_id), transaction_id, payload: item.payload.clone() }
+        })
+        .collect();
     let (plan, plan_made) = allocations_during(|| RequestPlan::new(items));
+    let (queue, segment) = allocations_during(|| {
+        let mut queue = PartitionQueue::default();
+        queue.add(0, messages.into_iter().enumerate().map(|(i, m)| (u32::try_from(i).expect("bounded"), m)));
+        queue.take_segment(count)
+    });
+    drop(segment);
     let outcomes: Vec<Option<Outcome>> =
         (0..count).map(|offset| Some(Outcome::Queued { message_id: Uuid::now_v7(), offset: offset as i64 })).collect();
-    let (answer, answers) = allocations_during(|| plan_made.answer(&outcomes));
-    drop(answers);
-    (parse, plan, answer)
+    let (answers, results) = allocations_during(|| plan_made.answer(&outcomes));
+    let (body, rendered) = allocations_during(|| stile::push_answer::render(&results));
+    drop((results, rendered));
+    PathAllocations { parse, plan, queue, answers, body }
 }
 
 fn main() {
@@ -192,18 +227,20 @@ fn main() {
             let ns_per_item = mean_len as f64 / mb_s / size as f64 * 1e3;
             println!("| {} | {mb_s:.0} | {ns_per_item:.0} | {lo:.0}-{hi:.0} |", candidate.name);
         }
-        let (parse, plan, answer) = request_path_allocations(&bodies[0]);
+        let path = request_path_allocations(&bodies[0]);
         let (stepwise, _) = allocations_during(|| stile::push_stepwise::parse_push(&bodies[0], MAX_ITEMS).expect("valid"));
         let per = |n: u64| n as f64 / size as f64;
         println!();
         println!("allocations per item of the stepwise reading: {:.2}", per(stepwise));
         println!(
-            "allocations per item: parse {:.2}, layer-1 plan {:.2}, answers {:.2}; all {:.2} ({} per request)",
-            per(parse),
-            per(plan),
-            per(answer),
-            per(parse + plan + answer),
-            parse + plan + answer
+            "allocations per item: parse {:.2}, layer-1 plan {:.2}, shard queue {:.2}, answers {:.2}, answer body {:.2}; all {:.2} ({} per request)",
+            per(path.parse),
+            per(path.plan),
+            per(path.queue),
+            per(path.answers),
+            per(path.body),
+            per(path.all()),
+            path.all()
         );
     }
 }
