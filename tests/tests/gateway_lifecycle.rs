@@ -1,5 +1,5 @@
-//! A gateway's life as a process: graceful shutdown under load and the
-//! bearer token. (A database that cannot be reached at start is tested in
+//! A gateway's life as a process: its log at start, graceful shutdown under
+//! load and the bearer token. (A database that cannot be reached at start is tested in
 //! `host/tests/cli.rs`.)
 
 use std::collections::HashMap;
@@ -11,6 +11,27 @@ use hyper::Method;
 use serde_json::json;
 use stile_tests::gateway::{Answer, Gateway, GatewayOptions, fresh_database, item};
 use tokio::sync::Notify;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_logs_what_it_did_not_postgresqls_notices_of_what_it_skipped() {
+    let t = fresh_database().await;
+    // The first start migrates the fresh database; the second finds it
+    // migrated. Neither log repeats PostgreSQL's "already exists, skipping".
+    for start in ["first", "second"] {
+        let mut gw = Gateway::start(&t.url()).await;
+        let mut client = gw.client().await;
+        let answer = client.push(vec![item("log", "p", Some(start), json!(null))]).await;
+        assert_eq!(answer[0].status, "queued");
+        gw.process().terminate();
+        gw.process().wait_exit(Duration::from_secs(20)).await;
+        let logs = gw.logs();
+        assert!(logs.contains("listening on"), "{start} start:\n{logs}");
+        assert!(!logs.contains("NOTICE"), "{start} start logged PostgreSQL's notices:\n{logs}");
+    }
+    let c = t.client().await;
+    let versions: i64 = c.query_one("SELECT count(*) FROM stile.schema_migrations", &[]).await.unwrap().get(0);
+    assert!(versions >= 5, "the first start migrated the database ({versions} versions recorded)");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_requests_in_flight_stores_every_answered_message_and_exits_zero() {

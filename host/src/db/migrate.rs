@@ -65,9 +65,7 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client, migrations: &[Mi
         return Ok(());
     }
     for m in migrations {
-        let tx = client.transaction().await?;
-        // Waits for any other migrator; released by COMMIT or ROLLBACK.
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+        let tx = migrating(client).await?;
         tx.batch_execute(BOOTSTRAP).await?;
         let done = tx.query_opt("SELECT 1 FROM stile.schema_migrations WHERE version = $1", &[&m.version]).await?.is_some();
         if !done {
@@ -76,8 +74,7 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client, migrations: &[Mi
         }
         tx.commit().await?;
     }
-    let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+    let tx = migrating(client).await?;
     let migrated_to = version(&tx).await?;
     if migrated_to > latest {
         // A later build migrated this database, and its functions are in
@@ -97,6 +94,18 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client, migrations: &[Mi
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// A migration's transaction, once it holds the migrators' lock (waiting for
+/// any other migrator; released by COMMIT or ROLLBACK). It keeps
+/// PostgreSQL's notices to itself: every `IF NOT EXISTS` and `IF EXISTS`
+/// that finds nothing to do says so, which on every start of a gateway is
+/// noise in its log, not news.
+async fn migrating(client: &mut deadpool_postgres::Client) -> Result<deadpool_postgres::Transaction<'_>, DbError> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+    tx.batch_execute("SET LOCAL client_min_messages = warning").await?;
+    Ok(tx)
 }
 
 /// Runs one migration's SQL, naming it in the error.
