@@ -28,7 +28,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::{Body as _, Incoming};
 use hyper::header::{
     ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE,
-    ACCESS_CONTROL_REQUEST_METHOD, AUTHORIZATION, CONTENT_TYPE, ETAG, HOST, HeaderValue, ORIGIN, RETRY_AFTER, VARY,
+    ACCESS_CONTROL_REQUEST_METHOD, ALLOW, AUTHORIZATION, CONTENT_TYPE, ETAG, HOST, HeaderValue, ORIGIN, RETRY_AFTER, VARY,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
@@ -135,8 +135,10 @@ async fn route(app: &App, request: Request<Incoming>, held: &mut Held) -> Reply 
     let reply = match router::route(&method, &path) {
         Ok(matched) => serve(app, matched, request, held).await,
         Err(Unrouted::NotFound) => Err(Failure::Status(StatusCode::NOT_FOUND, format!("no route for {path}"))),
-        Err(Unrouted::MethodNotAllowed) => {
-            Err(Failure::Status(StatusCode::METHOD_NOT_ALLOWED, format!("{method} is not allowed on {path}")))
+        Err(Unrouted::MethodNotAllowed(allowed)) => {
+            let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, &format!("{method} is not allowed on {path}"));
+            reply.headers_mut().insert(ALLOW, method_list(&allowed));
+            Ok(reply)
         }
         Err(Unrouted::BadParameter(name)) => Err(BadRequest::new(format!("{name}: not percent-encoded UTF-8")).into()),
     };
@@ -478,7 +480,15 @@ async fn read_body(app: &App, request: Request<Incoming>, held: &mut Held) -> Re
         }
         chunks.push(chunk);
     }
-    Ok(concat(chunks, total))
+    Ok(without_byte_order_mark(concat(chunks, total)))
+}
+
+/// A body less the UTF-8 byte order mark it may start with. JSON sent over a
+/// network must not carry one, but some clients' encoders write it, and RFC
+/// 8259 lets a parser ignore it; refusing it would refuse their every request.
+fn without_byte_order_mark(body: Bytes) -> Bytes {
+    const BOM: &[u8] = b"\xEF\xBB\xBF";
+    if body.starts_with(BOM) { body.slice(BOM.len()..) } else { body }
 }
 
 /// One buffer of a body's pieces: the piece itself when there is one.
@@ -521,10 +531,9 @@ fn browser_origin(config: &HttpConfig, request: &Request<Incoming>) -> Result<Op
 
 /// The answer to a browser's CORS preflight from an allowed origin.
 fn preflight(path: &str) -> Reply {
-    let methods: Vec<&str> = [Method::GET, Method::POST, Method::PUT, Method::DELETE]
-        .iter()
+    let methods: Vec<Method> = [Method::GET, Method::POST, Method::PUT, Method::DELETE]
+        .into_iter()
         .filter(|method| router::route(method, path).is_ok())
-        .map(Method::as_str)
         .collect();
     if methods.is_empty() {
         return error(StatusCode::NOT_FOUND, &format!("no route for {path}"));
@@ -532,10 +541,16 @@ fn preflight(path: &str) -> Reply {
     let mut reply = Response::new(Bytes::new());
     *reply.status_mut() = StatusCode::NO_CONTENT;
     let headers = reply.headers_mut();
-    headers.insert(ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_str(&methods.join(", ")).expect("method names are ASCII"));
+    headers.insert(ACCESS_CONTROL_ALLOW_METHODS, method_list(&methods));
     headers.insert(ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type"));
     headers.insert(ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
     reply
+}
+
+/// Methods as a header's comma-separated list.
+fn method_list(methods: &[Method]) -> HeaderValue {
+    let names: Vec<&str> = methods.iter().map(Method::as_str).collect();
+    HeaderValue::from_str(&names.join(", ")).expect("method names are ASCII")
 }
 
 fn query(request: &Request<Incoming>) -> HashMap<String, String> {

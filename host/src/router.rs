@@ -82,23 +82,29 @@ impl Matched {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Unrouted {
     NotFound,
-    /// The path exists, for other methods.
-    MethodNotAllowed,
+    /// The path exists, for these other methods (what a 405's `Allow` names).
+    MethodNotAllowed(Vec<Method>),
     /// A parameter is not percent-encoded UTF-8.
     BadParameter(&'static str),
 }
 
-/// Finds the route for `method` and `path`.
+/// Finds the route for `method` and `path`. `HEAD` is served by the `GET`
+/// route of the path (HTTP requires it of every server; hyper sends the
+/// answer's headers only).
 pub fn route(method: &Method, path: &str) -> Result<Matched, Unrouted> {
-    let mut path_exists = false;
+    let wanted = if method == Method::HEAD { &Method::GET } else { method };
+    let mut allowed = Vec::new();
     for route in ROUTES {
         let Some(params) = match_pattern(route.pattern, path)? else { continue };
-        if route.method == method {
+        if route.method == wanted {
             return Ok(Matched { endpoint: route.endpoint, params });
         }
-        path_exists = true;
+        allowed.push(route.method.clone());
+        if route.method == Method::GET {
+            allowed.push(Method::HEAD);
+        }
     }
-    Err(if path_exists { Unrouted::MethodNotAllowed } else { Unrouted::NotFound })
+    Err(if allowed.is_empty() { Unrouted::NotFound } else { Unrouted::MethodNotAllowed(allowed) })
 }
 
 /// The parameters of `path` under `pattern`, or `None` when it does not match.
@@ -141,7 +147,7 @@ mod tests {
     fn literal_routes_win_over_patterns_and_methods_are_told_apart() {
         assert_eq!(route(&Method::POST, "/api/v1/push").unwrap().endpoint, Endpoint::Push);
         assert_eq!(route(&Method::GET, "/api/v1/messages/by-transaction-id").unwrap().endpoint, Endpoint::MessageByTransactionId);
-        assert_eq!(route(&Method::GET, "/api/v1/push"), Err(Unrouted::MethodNotAllowed));
+        assert_eq!(route(&Method::GET, "/api/v1/push"), Err(Unrouted::MethodNotAllowed(vec![Method::POST])));
         assert_eq!(route(&Method::GET, "/api/v1/nothing"), Err(Unrouted::NotFound));
         assert_eq!(route(&Method::GET, "/api/v1/push/extra"), Err(Unrouted::NotFound));
     }
@@ -162,6 +168,14 @@ mod tests {
         assert_eq!(route(&Method::GET, "/api/v1/kv/orders/"), Err(Unrouted::NotFound));
         assert_eq!(route(&Method::GET, "/api/v1/kv//key"), Err(Unrouted::NotFound));
         assert_eq!(route(&Method::GET, "/api/v1/kv/orders/%FF"), Err(Unrouted::BadParameter("key")));
-        assert_eq!(route(&Method::PATCH, "/api/v1/kv/orders/k"), Err(Unrouted::MethodNotAllowed));
+        let kv_key = vec![Method::GET, Method::HEAD, Method::PUT, Method::DELETE];
+        assert_eq!(route(&Method::PATCH, "/api/v1/kv/orders/k"), Err(Unrouted::MethodNotAllowed(kv_key)));
+    }
+
+    #[test]
+    fn head_is_served_where_get_is() {
+        assert_eq!(route(&Method::HEAD, "/health").unwrap().endpoint, Endpoint::Health);
+        assert_eq!(route(&Method::HEAD, "/api/v1/kv/orders/k").unwrap().endpoint, Endpoint::KvGet);
+        assert_eq!(route(&Method::HEAD, "/api/v1/push"), Err(Unrouted::MethodNotAllowed(vec![Method::POST])));
     }
 }

@@ -261,3 +261,43 @@ async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
         .get("dedup_window_seconds");
     assert_eq!(window, 0, "only the good configure was applied");
 }
+
+/// What HTTP asks of every server, and what clients in the field send: `HEAD`
+/// wherever `GET` is served (headers only), a 405 that names the methods the
+/// path has (`Allow`), and a JSON body that starts with a UTF-8 byte order
+/// mark read as the JSON after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_allow_and_a_byte_order_mark_are_served_as_http_and_json_say() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut client = gw.client().await;
+
+    let head = client.send(Method::HEAD, "/health", Vec::new(), &[]).await.unwrap();
+    let get = client.get("/health").await;
+    assert_eq!((head.status, get.status), (200, 200));
+    assert!(head.body.is_empty() && !get.body.is_empty(), "HEAD answers headers only: {:?}", head.body);
+    assert_eq!(head.content_type, get.content_type);
+
+    let refused = client.send(Method::GET, "/api/v1/push", Vec::new(), &[]).await.unwrap();
+    assert_eq!(refused.status, 405, "{}", refused.text());
+    assert_eq!(refused.headers.get("allow").map(|v| v.to_str().unwrap()), Some("POST"));
+    let refused = client.send(Method::PATCH, "/api/v1/kv/n/k", Vec::new(), &[]).await.unwrap();
+    assert_eq!(refused.status, 405, "{}", refused.text());
+    assert_eq!(refused.headers.get("allow").map(|v| v.to_str().unwrap()), Some("GET, HEAD, PUT, DELETE"));
+
+    let body = json!({"items": [item("bom", "p", Some("a"), json!({"n": 1}))]}).to_string();
+    let with_mark = [b"\xEF\xBB\xBF".as_slice(), body.as_bytes()].concat();
+    let stored = client.post("/api/v1/push", with_mark.clone()).await;
+    assert_eq!(stored.status, 201, "{}", stored.text());
+    assert_eq!((stored.json()[0]["status"].as_str(), stored.json()[0]["offset"].as_i64()), (Some("queued"), Some(0)));
+    let again = client.post("/api/v1/push", body).await;
+    assert_eq!(again.json()[0]["status"], "duplicate", "the mark is not part of the transactionId");
+    let read = client.get("/api/v1/messages?queue=bom&partition=p").await.json();
+    assert_eq!(read["messages"][0]["payload"], json!({"n": 1}));
+
+    // Only at the start: a mark anywhere else is not JSON.
+    let twice = [b"\xEF\xBB\xBF".as_slice(), &with_mark].concat();
+    let reply = client.post("/api/v1/push", twice).await;
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    assert!(reply.error().starts_with("body: malformed JSON"), "{}", reply.error());
+}
