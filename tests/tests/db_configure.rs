@@ -116,23 +116,25 @@ async fn bad_keys_and_values_are_refused_by_name_and_nothing_is_written() {
     let t = TestDb::new().await;
     t.db.configure("q", &opts(json!({"dedupWindowSeconds": 60})), ConfigureMode::Merge).await.unwrap();
     let before = t.db.queue_options("q").await.unwrap();
+    // Each refusal names the key and says what the key takes.
     let cases = [
-        (json!({"dedupWindowSeconds": -1}), "dedupWindowSeconds"),
-        (json!({"dedupWindowSeconds": "60"}), "dedupWindowSeconds"),
-        (json!({"dedupWindowSeconds": 1.5}), "dedupWindowSeconds"),
-        (json!({"retentionSeconds": 4_000_000_000u64}), "retentionSeconds"),
-        (json!({"encryptionEnabled": 1}), "encryptionEnabled"),
-        (json!({"namespace": 7}), "namespace"),
-        (json!({"leaseTime": [1]}), "leaseTime"),
-        (json!({"dedupWindow": 60}), "dedupWindow"),
+        (json!({"dedupWindowSeconds": -1}), "dedupWindowSeconds: must be an integer from 0 to 2147483647, got -1"),
+        (json!({"dedupWindowSeconds": "60"}), "dedupWindowSeconds: must be an integer, got \"60\""),
+        (json!({"dedupWindowSeconds": 1.5}), "dedupWindowSeconds: must be an integer from 0 to 2147483647, got 1.5"),
+        (json!({"retentionSeconds": 4_000_000_000u64}), "retentionSeconds: must be an integer from 0 to"),
+        (json!({"priority": 1.5}), "priority: must be an integer from -2147483648 to 2147483647"),
+        (json!({"encryptionEnabled": 1}), "encryptionEnabled:"),
+        (json!({"namespace": 7}), "namespace:"),
+        (json!({"leaseTime": [1]}), "leaseTime:"),
+        (json!({"dedupWindow": 60}), "dedupWindow:"),
         // One bad key refuses the good ones beside it.
-        (json!({"retryLimit": 1, "maxSize": -3}), "maxSize"),
+        (json!({"retryLimit": 1, "maxSize": -3}), "maxSize:"),
     ];
-    for (options, key) in cases {
+    for (options, refusal) in cases {
         for (queue, mode) in [("q", ConfigureMode::Merge), ("new", ConfigureMode::Replace)] {
             match t.db.configure(queue, &opts(options.clone()), mode).await {
                 Err(ConfigureError::Invalid(message)) => {
-                    assert!(message.starts_with(&format!("{key}:")), "{options} -> {message}")
+                    assert!(message.starts_with(refusal), "{options} -> {message}")
                 }
                 other => panic!("{options}: expected a refusal, got {other:?}"),
             }

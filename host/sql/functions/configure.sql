@@ -62,6 +62,7 @@ DECLARE
     v_defaults jsonb := stile.option_defaults();
     v_type text := jsonb_typeof(p_value);
     v_num numeric;
+    v_least integer;  -- the least value the option takes
 BEGIN
     IF NOT v_defaults ? p_key THEN
         RAISE EXCEPTION '%: unknown option (known: %)', p_key,
@@ -91,12 +92,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
     END IF;
     v_num := p_value::numeric;
-    IF v_num <> trunc(v_num) OR v_num > 2147483647 OR v_num < -2147483648 THEN
-        RAISE EXCEPTION '%: must be an integer between -2147483648 and 2147483647, got %', p_key, p_value
-            USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
-    END IF;
-    IF v_num < 0 AND p_key <> 'priority' THEN
-        RAISE EXCEPTION '%: must not be negative, got %', p_key, p_value
+    v_least := CASE WHEN p_key = 'priority' THEN -2147483648 ELSE 0 END;
+    IF v_num <> trunc(v_num) OR v_num > 2147483647 OR v_num < v_least THEN
+        RAISE EXCEPTION '%: must be an integer from % to 2147483647, got %', p_key, v_least, p_value
             USING ERRCODE = 'invalid_parameter_value', COLUMN = p_key;
     END IF;
     RETURN to_jsonb(v_num::integer);
