@@ -1355,3 +1355,111 @@ async fn payloads_and_transaction_ids_are_stored_and_read_as_sent() {
         assert_eq!((found.offset, found.payload.get()), (k as i64, s.payloads[k].get()));
     }
 }
+
+/// What the push function's floors search must answer for a replay, from a
+/// model of the log: each hash's first occurrence above its floor (raised to
+/// `from`) in the rows inside the window, with its message id (`None` where
+/// retention removed it), or `None` where it has none.
+struct LogModel {
+    /// Per offset: the hash, the message id, and whether its row is inside
+    /// the window.
+    offsets: Vec<([u8; 16], Option<uuid::Uuid>, bool)>,
+}
+
+impl LogModel {
+    fn first_above(&self, hash: &[u8; 16], floor: i64, from: i64) -> Option<(i64, Option<uuid::Uuid>)> {
+        let start = (floor.max(from) + 1) as usize;
+        self.offsets
+            .iter()
+            .enumerate()
+            .skip(start)
+            .find(|(_, (h, _, inside))| *inside && h == hash)
+            .map(|(offset, (_, id, _))| (offset as i64, *id))
+    }
+}
+
+/// `stile.found_above_floors` against a model of the log, over rows of
+/// random sizes whose hashes repeat, some rows outside the window and some
+/// with their messages removed, for replays floored up to 128 (now and then
+/// 140) offsets below an occurrence: every answer it gives names each hash's
+/// first occurrence above its floor, and it answers most replays.
+#[tokio::test]
+async fn replays_found_above_their_floors_name_each_first_occurrence_above_it() {
+    use rand::{Rng as _, SeedableRng as _};
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let c = t.client().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let pool: Vec<[u8; 16]> = (0..600).map(|_| rng.random()).collect();
+    let mut model = LogModel { offsets: Vec::new() };
+    while model.offsets.len() < 3000 {
+        let base = model.offsets.len() as i64;
+        let size = if rng.random_range(0..20) == 0 { 400 } else { rng.random_range(1..=60) };
+        // Rows age out of the window from the oldest, so outside rows lie below.
+        let inside = base >= 300 || rng.random_range(0..2) == 0;
+        let removed = rng.random_range(0..20) == 0;
+        let rows: Vec<([u8; 16], uuid::Uuid)> =
+            (0..size).map(|_| (pool[rng.random_range(0..pool.len())], uuid::Uuid::now_v7())).collect();
+        let hashes: Vec<u8> = rows.iter().flat_map(|(h, _)| *h).collect();
+        let ids: Vec<u8> = rows.iter().flat_map(|(_, id)| *id.as_bytes()).collect();
+        c.execute(
+            "INSERT INTO stile.log (partition_id, end_offset, base_offset, created_at, hashes, message_ids, transaction_ids, payloads) \
+             VALUES ($1, $2::bigint + $3::bigint - 1, $2, now() - CASE WHEN $4::boolean THEN interval '0' ELSE interval '2 hours' END, \
+                     $5, CASE WHEN $6::boolean THEN NULL ELSE $7::bytea END, \
+                     CASE WHEN $6 THEN NULL ELSE '[]' END, CASE WHEN $6 THEN NULL ELSE '[]' END)",
+            &[&p.id, &base, &(size as i64), &inside, &hashes, &removed, &ids],
+        )
+        .await
+        .unwrap();
+        model.offsets.extend(rows.iter().map(|(h, id)| (*h, (!removed).then_some(*id), inside)));
+    }
+    let last = model.offsets.len() as i64 - 1;
+    let (mut cases, mut answered) = (0, 0);
+    for _ in 0..300 {
+        let from = if rng.random_range(0..4) == 0 { rng.random_range(0..last) } else { -1 };
+        let mut hashes: Vec<[u8; 16]> = Vec::new();
+        let mut floors: Vec<i64> = Vec::new();
+        // Replays of a stretch of the log (a producer's recent sends), or of
+        // ids anywhere in it.
+        let (low, high) = match rng.random_range(0..3) {
+            0 => (0, last),
+            _ => {
+                let low = rng.random_range(0..=last - 800);
+                (low, low + 800)
+            }
+        };
+        // A cache floors a hit less than 128 offsets below it; farther
+        // floors now and then.
+        let farthest = if rng.random_range(0..10) == 0 { 140 } else { 128 };
+        for _ in 0..rng.random_range(1..=30) {
+            let offset = rng.random_range(low..=high);
+            let hash = model.offsets[offset as usize].0;
+            if !hashes.contains(&hash) {
+                hashes.push(hash);
+                floors.push((offset - rng.random_range(1..=farthest)).max(-1));
+            }
+        }
+        let expected: Vec<Option<(i64, Option<uuid::Uuid>)>> =
+            hashes.iter().zip(&floors).map(|(hash, &floor)| model.first_above(hash, floor, from)).collect();
+        let packed_hashes: Vec<u8> = hashes.concat();
+        let packed_floors: Vec<u8> = floors.iter().flat_map(|f| f.to_be_bytes()).collect();
+        cases += 1;
+        let row = c
+            .query_one(
+                "SELECT f.dup_idx, f.dup_off, f.dup_ids \
+                   FROM stile.found_above_floors($1, $2, $3, now() - interval '1 hour', $4, $5) AS f",
+                &[&p.id, &from, &last, &packed_hashes, &packed_floors],
+            )
+            .await
+            .unwrap();
+        // NULLs leave the segment to the probe's other reads.
+        let Some(offsets) = row.get::<_, Option<Vec<i64>>>("dup_off") else { continue };
+        let ids: Vec<Option<uuid::Uuid>> = row.get("dup_ids");
+        let indexes: Vec<i32> = row.get("dup_idx");
+        assert_eq!(indexes, (0..hashes.len() as i32).collect::<Vec<_>>());
+        let answers: Vec<Option<(i64, Option<uuid::Uuid>)>> = offsets.into_iter().zip(ids).map(Some).collect();
+        assert_eq!(answers, expected, "from {from}, floors {floors:?}");
+        answered += 1;
+    }
+    assert!(answered * 2 > cases, "answered {answered} of {cases} replays");
+}
