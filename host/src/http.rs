@@ -28,7 +28,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::{Body as _, Incoming};
 use hyper::header::{
     ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE,
-    ACCESS_CONTROL_REQUEST_METHOD, ALLOW, AUTHORIZATION, CONTENT_TYPE, ETAG, HOST, HeaderValue, ORIGIN, RETRY_AFTER, VARY,
+    ACCESS_CONTROL_REQUEST_METHOD, ALLOW, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, ETAG, HOST, HeaderValue, ORIGIN, RETRY_AFTER, VARY,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
@@ -444,6 +444,12 @@ fn openapi() -> Reply {
 /// the same limit, so that requests that each hold part and all wait for
 /// more cannot wait forever: the one that gives up answers 503.
 async fn read_body(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Bytes, Failure> {
+    if let Some(coding) = request.headers().get(CONTENT_ENCODING).filter(|coding| !is_identity(coding)) {
+        return Err(Failure::Status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("content-encoding: {coding:?} is not supported; send the body uncompressed"),
+        ));
+    }
     let limit = app.config.body_limit;
     let too_large = || Failure::from(BadRequest::too_large(format!("body: exceeds the limit of {limit} bytes")));
     if request.body().size_hint().lower() > limit as u64 {
@@ -481,6 +487,13 @@ async fn read_body(app: &App, request: Request<Incoming>, held: &mut Held) -> Re
         chunks.push(chunk);
     }
     Ok(without_byte_order_mark(concat(chunks, total)))
+}
+
+/// Whether a `Content-Encoding` says the body is as sent (`identity`), the
+/// only coding the gateway reads: a compressed body read as JSON would be
+/// refused as malformed, which names the wrong cause.
+fn is_identity(coding: &HeaderValue) -> bool {
+    coding.to_str().is_ok_and(|coding| coding.trim().eq_ignore_ascii_case("identity"))
 }
 
 /// A body less the UTF-8 byte order mark it may start with. JSON sent over a

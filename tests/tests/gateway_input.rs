@@ -264,10 +264,11 @@ async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
 
 /// What HTTP asks of every server, and what clients in the field send: `HEAD`
 /// wherever `GET` is served (headers only), a 405 that names the methods the
-/// path has (`Allow`), and a JSON body that starts with a UTF-8 byte order
-/// mark read as the JSON after it.
+/// path has (`Allow`), a 415 for a body in a coding the gateway does not
+/// read, and a JSON body that starts with a UTF-8 byte order mark read as
+/// the JSON after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn head_allow_and_a_byte_order_mark_are_served_as_http_and_json_say() {
+async fn head_allow_codings_and_a_byte_order_mark_are_served_as_http_and_json_say() {
     let t = fresh_database().await;
     let gw = Gateway::start(&t.url()).await;
     let mut client = gw.client().await;
@@ -294,6 +295,16 @@ async fn head_allow_and_a_byte_order_mark_are_served_as_http_and_json_say() {
     assert_eq!(again.json()[0]["status"], "duplicate", "the mark is not part of the transactionId");
     let read = client.get("/api/v1/messages?queue=bom&partition=p").await.json();
     assert_eq!(read["messages"][0]["payload"], json!({"n": 1}));
+
+    // A compressed body is refused by its coding, not as malformed JSON.
+    let body = json!({"items": [item("coded", "p", Some("a"), json!(1))]}).to_string();
+    let headers = [("content-type", "application/json"), ("content-encoding", "gzip")];
+    let refused = client.send(Method::POST, "/api/v1/push", body.clone(), &headers).await.unwrap();
+    assert_eq!(refused.status, 415, "{}", refused.text());
+    assert!(refused.error().starts_with("content-encoding: \"gzip\" is not supported"), "{}", refused.error());
+    assert_eq!(client.get("/api/v1/messages?queue=coded&partition=p").await.json()["messages"], json!([]));
+    let headers = [("content-type", "application/json"), ("content-encoding", "Identity")];
+    assert_eq!(client.send(Method::POST, "/api/v1/push", body, &headers).await.unwrap().status, 201);
 
     // Only at the start: a mark anywhere else is not JSON.
     let twice = [b"\xEF\xBB\xBF".as_slice(), &with_mark].concat();
