@@ -363,6 +363,13 @@ async fn a_page_of_another_site_cannot_write_and_command_line_habits_still_can()
         .expect("an answer");
     assert_eq!(preflight.status, 204);
     assert_eq!(preflight.headers.get("access-control-allow-methods").map(|v| v.to_str().unwrap()), Some("POST"));
+    let asking = [("origin", "http://app.example"), ("access-control-request-method", "PUT")];
+    let preflight = browser.send(Method::OPTIONS, "/api/v1/kv/n/k", "", &asking).await.expect("an answer");
+    assert_eq!(preflight.status, 204);
+    let methods = preflight.headers.get("access-control-allow-methods").map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(methods.as_deref(), Some("GET, PUT, DELETE"));
+    let nowhere = browser.send(Method::OPTIONS, "/api/v1/nowhere", "", &asking).await.expect("an answer");
+    assert_eq!(nowhere.status, 404);
     let other = push_with(&mut browser, "other", &[("origin", "http://evil.example")]).await;
     assert_eq!(other.status, 403);
 
