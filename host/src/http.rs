@@ -248,6 +248,9 @@ async fn messages(app: &App, request: &Request<Incoming>) -> Result<Reply, Failu
     let query = query(request);
     let (queue, partition) = queue_and_partition(&query)?;
     let from = integer(&query, "fromOffset", 0)?;
+    if from < 0 {
+        return Err(BadRequest::new(format!("fromOffset: must be 0 or more, got {from}")).into());
+    }
     let limit = integer(&query, "limit", 100)?;
     if !(1..=10_000).contains(&limit) {
         return Err(BadRequest::new("limit: must be between 1 and 10000").into());

@@ -16,6 +16,23 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+/// The deepest nesting of arrays and objects a payload may have: serde_json
+/// refuses a value nested 128 deep when it decodes one.
+pub(crate) const MAX_DEPTH: usize = 127;
+
+/// What the answer to a refused payload says, from the error of
+/// [`Payload::checked`]. serde_json reports nesting past its limit as a
+/// syntax error by message alone (its error codes are private), and such a
+/// payload is well-formed JSON: the answer names the limit instead.
+pub fn refusal(error: &serde_json::Error) -> String {
+    if error.to_string().starts_with("recursion limit exceeded") {
+        let (line, column) = (error.line(), error.column());
+        format!("nests arrays and objects deeper than {MAX_DEPTH} levels (at line {line} column {column})")
+    } else {
+        format!("malformed JSON ({error})")
+    }
+}
+
 /// A validated JSON value, as text.
 #[derive(Clone)]
 pub struct Payload(ByteString);
@@ -160,5 +177,16 @@ mod tests {
         let raw: &RawValue =
             serde_json::from_str(r#"{"k\u00e9y": ["\ud83d\ude00", -0.0, 18446744073709551616, null, true]}"#).unwrap();
         assert!(Payload::checked(raw).is_ok());
+    }
+
+    #[test]
+    fn a_refusal_names_the_nesting_limit_or_the_malformed_json() {
+        let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        let check = |text: &str| Payload::checked(&RawValue::from_string(text.to_owned()).unwrap()).map(|_| ());
+        assert!(check(&nested(MAX_DEPTH)).is_ok());
+        let deep = check(&nested(MAX_DEPTH + 1)).unwrap_err();
+        assert_eq!(refusal(&deep), format!("nests arrays and objects deeper than {MAX_DEPTH} levels (at line 1 column 128)"));
+        let out_of_range = check("[1e400]").unwrap_err();
+        assert!(refusal(&out_of_range).starts_with("malformed JSON (number out of range"), "{}", refusal(&out_of_range));
     }
 }

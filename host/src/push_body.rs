@@ -38,7 +38,7 @@ use serde_json::value::RawValue;
 use unicode_normalization::UnicodeNormalization as _;
 
 use crate::api::{BadRequest, DEFAULT_PARTITION, MAX_NAME_BYTES, MAX_TRANSACTION_ID_BYTES, validate_name};
-use crate::payload::Payload;
+use crate::payload::{MAX_DEPTH, Payload};
 use crate::push_stepwise;
 
 /// One validated item of a push. Each field is a view of the request's body
@@ -136,10 +136,6 @@ enum Check {
     /// serde_json's limit.
     Decode,
 }
-
-/// The deepest nesting of arrays and objects a payload may have: serde_json
-/// refuses a value nested 128 deep when it decodes one.
-const MAX_DEPTH: usize = 127;
 
 /// A cursor over `body[..end]`, valid UTF-8.
 struct Reader<'a> {

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use crate::api::{
     ARRAY, BadRequest, DEFAULT_PARTITION, NULL, OBJECT, STRING, checked_name, parse_json, raw_type_name, validate_transaction_id,
 };
-use crate::payload::Payload;
+use crate::payload::{self, Payload};
 use crate::push_body::PushItem;
 
 /// Parses and validates a `POST /api/v1/push` body, in steps.
@@ -113,7 +113,7 @@ fn parse_item(at: &str, index: usize, item: &RawValue) -> Result<PushItem, BadRe
     let payload = match item.payload {
         None => Payload::null(),
         Some(raw) => {
-            Payload::checked(raw).map_err(|error| BadRequest::new(format!("{}: malformed JSON ({error})", field("payload"))))?
+            Payload::checked(raw).map_err(|error| BadRequest::new(format!("{}: {}", field("payload"), payload::refusal(&error))))?
         }
     };
     Ok(PushItem {

@@ -164,6 +164,13 @@ fn bad_cases() -> Vec<Case> {
             400,
             "operations[0].value: must not contain",
         ),
+        case(
+            "a payload nested past the limit",
+            "/api/v1/push",
+            format!(r#"{{"items":[{{"queue":"deep","payload":{}1{}}}]}}"#, "[".repeat(128), "]".repeat(128)),
+            400,
+            "items[0].payload: nests arrays and objects deeper than 127 levels",
+        ),
         get("a timer peek with U+0000 in its key", "/api/v1/timers/q/k%00", 400, "timerKey: must not contain"),
         get("a timer list with U+0000 in after", "/api/v1/timers/q?after=a%00", 400, "after: must not contain"),
         Case { method: Method::DELETE, ..get("a timer cancel's txn with U+0000", "/api/v1/timers/q/k?txn=a%00", 400, "txn: must not") },
@@ -171,6 +178,7 @@ fn bad_cases() -> Vec<Case> {
         // Reads.
         get("messages without a queue", "/api/v1/messages?partition=p", 400, "queue: must not be empty"),
         get("messages with a bad fromOffset", "/api/v1/messages?queue=q&fromOffset=abc", 400, "fromOffset"),
+        get("messages from a negative offset", "/api/v1/messages?queue=q&fromOffset=-1", 400, "fromOffset: must be 0 or more, got -1"),
         get("messages with a zero limit", "/api/v1/messages?queue=q&limit=0", 400, "limit"),
         get("messages with an over-long partition", &format!("/api/v1/messages?queue=q&partition={long_name}"), 400, "partition"),
         get("lookup without a transactionId", "/api/v1/messages/by-transaction-id?queue=q&partition=p", 400, "transactionId"),
