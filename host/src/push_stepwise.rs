@@ -112,9 +112,8 @@ fn parse_item(at: &str, index: usize, item: &RawValue) -> Result<PushItem, BadRe
     };
     let payload = match item.payload {
         None => Payload::null(),
-        Some(raw) => {
-            Payload::checked(raw).map_err(|error| BadRequest::new(format!("{}: {}", field("payload"), payload::refusal(&error))))?
-        }
+        Some(raw) => Payload::checked(raw)
+            .map_err(|error| BadRequest::new(format!("{}: {}", field("payload"), payload::refusal(&error))))?,
     };
     Ok(PushItem {
         queue: queue.into(),
