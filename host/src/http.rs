@@ -245,7 +245,7 @@ async fn configure(app: &App, request: Request<Incoming>, held: &mut Held) -> Re
 }
 
 async fn messages(app: &App, request: &Request<Incoming>) -> Result<Reply, Failure> {
-    let query = query(request);
+    let query = query(request)?;
     let (queue, partition) = queue_and_partition(&query)?;
     let from = integer(&query, "fromOffset", 0)?;
     if from < 0 {
@@ -263,7 +263,7 @@ async fn messages(app: &App, request: &Request<Incoming>) -> Result<Reply, Failu
 }
 
 async fn by_transaction_id(app: &App, request: &Request<Incoming>) -> Result<Reply, Failure> {
-    let query = query(request);
+    let query = query(request)?;
     let (queue, partition) = queue_and_partition(&query)?;
     let Some(transaction_id) = query.get("transactionId").filter(|id| !id.is_empty()) else {
         return Err(BadRequest::new("transactionId: missing").into());
@@ -396,7 +396,7 @@ async fn timers_batch(app: &App, request: Request<Incoming>, held: &mut Held) ->
 
 async fn timers_list(app: &App, matched: &Matched, request: &Request<Incoming>) -> Result<Reply, Failure> {
     let queue = api::checked_name("queue", matched.param("queue").to_owned())?;
-    let page = timers::PageQuery::parse(&query(request))?;
+    let page = timers::PageQuery::parse(&query(request)?)?;
     let page = timers::list(&app.gateway, &queue, &page).await?;
     Ok(json_reply(StatusCode::OK, &page))
 }
@@ -411,7 +411,7 @@ async fn timer_peek(app: &App, matched: &Matched) -> Result<Reply, Failure> {
 }
 
 async fn timer_cancel(app: &App, matched: &Matched, request: &Request<Incoming>) -> Result<Reply, Failure> {
-    let txn = query(request).remove("txn").filter(|t| !t.is_empty());
+    let txn = query(request)?.remove("txn").filter(|t| !t.is_empty());
     let call = timers::cancel_op(matched.param("queue"), matched.param("timerKey"), txn)?;
     let mut results = timers::apply(&app.gateway, &app.firer, std::slice::from_ref(&call)).await?;
     let mut result = results.pop().expect("one result per operation");
@@ -569,9 +569,28 @@ fn method_list(methods: &[Method]) -> HeaderValue {
     HeaderValue::from_str(&names.join(", ")).expect("method names are ASCII")
 }
 
-fn query(request: &Request<Incoming>) -> HashMap<String, String> {
+/// A request's query parameters, decoded as a form's (`+` is a space). A
+/// parameter given twice, or one that is not UTF-8 once decoded, is refused:
+/// read loosely (the last one kept, a byte replaced by U+FFFD), either would
+/// name another queue or bound than the one the client sent.
+fn query(request: &Request<Incoming>) -> Result<HashMap<String, String>, Failure> {
     let raw = request.uri().query().unwrap_or("");
-    form_urlencoded::parse(raw.as_bytes()).into_owned().collect()
+    let mut parameters = HashMap::new();
+    for pair in raw.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let key = form_decoded(key).ok_or_else(|| BadRequest::new("query: a parameter's name is not percent-encoded UTF-8"))?;
+        let value = form_decoded(value).ok_or_else(|| BadRequest::new(format!("{key}: not percent-encoded UTF-8")))?;
+        if parameters.contains_key(&key) {
+            return Err(BadRequest::new(format!("{key}: given more than once")).into());
+        }
+        parameters.insert(key, value);
+    }
+    Ok(parameters)
+}
+
+fn form_decoded(text: &str) -> Option<String> {
+    let spaced = text.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced).decode_utf8().ok().map(|decoded| decoded.into_owned())
 }
 
 fn queue_and_partition(query: &HashMap<String, String>) -> Result<(String, String), Failure> {

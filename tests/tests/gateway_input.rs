@@ -190,6 +190,9 @@ fn bad_cases() -> Vec<Case> {
             "transactionId: must not contain",
         ),
         get("messages of a queue with U+0000", "/api/v1/messages?queue=q%00", 400, "queue: must not contain"),
+        get("messages of a queue given twice", "/api/v1/messages?queue=a&queue=b", 400, "queue: given more than once"),
+        get("messages of a queue that is not UTF-8", "/api/v1/messages?queue=%FF", 400, "queue: not percent-encoded UTF-8"),
+        get("a timer list whose after is not UTF-8", "/api/v1/timers/q?after=%C3", 400, "after: not percent-encoded UTF-8"),
         // Routes.
         get("GET on the push route", "/api/v1/push", 405, "GET"),
         get("an unknown route", "/api/v2/push", 404, "no route"),
