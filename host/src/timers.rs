@@ -375,7 +375,7 @@ fn decode_payload(base64_text: &str) -> Result<String, String> {
     let bytes = base64::engine::general_purpose::STANDARD.decode(base64_text).map_err(|e| format!("not base64 ({e})"))?;
     let text = String::from_utf8(bytes).map_err(|_| "the decoded bytes are not UTF-8 JSON".to_owned())?;
     let raw = RawValue::from_string(text.trim().to_owned()).map_err(|e| format!("the decoded bytes are not JSON ({e})"))?;
-    let checked = Payload::checked(&raw).map_err(|e| format!("the decoded bytes are not JSON ({e})"))?;
+    let checked = Payload::checked(&raw).map_err(|e| format!("the decoded bytes: {}", crate::payload::refusal(&e)))?;
     if checked.get().contains("\\u0000") {
         return Err("the decoded JSON must not contain the character U+0000".into());
     }

@@ -1,6 +1,8 @@
 //! Bad input over HTTP: every refusal is a 4xx with a JSON `{"error": ...}`
 //! naming the field, and nothing of a refused request is written.
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 use hyper::Method;
 use serde_json::json;
 use stile_tests::gateway::{Gateway, GatewayOptions, fresh_database, item};
@@ -156,6 +158,15 @@ fn bad_cases() -> Vec<Case> {
             .to_string(),
             400,
             "operations[0].delayMs: is more than",
+        ),
+        case(
+            "a timer's payload nested past the limit",
+            "/api/v1/timers",
+            json!({"operations": [{"op": "schedule", "queue": "bad-timer", "timerKey": "k", "delayMs": 1000,
+                                    "payload": STANDARD.encode(format!("{}1{}", "[".repeat(128), "]".repeat(128)))}]})
+            .to_string(),
+            400,
+            "operations[0].payload: the decoded bytes: nests arrays and objects deeper than 127 levels",
         ),
         case(
             "a KV value with U+0000 in a key of an object",
