@@ -14,9 +14,9 @@
 //!   memory is given back.
 //!
 //! While a request is being served, the socket's reads are the body's, whose
-//! limit the handler keeps (`crate::http`, [`ConnectionLimits::body`]): the
-//! time spent waiting for room in the intake is the gateway's, not the
-//! client's, and does not count.
+//! limit the handler keeps (`crate::http`, [`ConnectionLimits::body`]); the
+//! wait for room in the intake, before the body is read, has a limit of its
+//! own ([`ConnectionLimits::queue`]).
 
 use std::io;
 use std::pin::Pin;
@@ -39,6 +39,9 @@ pub struct ConnectionLimits {
     pub body: Duration,
     /// A write that makes no progress.
     pub send: Duration,
+    /// A wait for room in the intake, before the body is read
+    /// (`crate::intake`); past it, the request is answered 503.
+    pub queue: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -48,6 +51,7 @@ impl Default for ConnectionLimits {
             header: Duration::from_secs(10),
             body: Duration::from_secs(30),
             send: Duration::from_secs(30),
+            queue: Duration::from_secs(5),
         }
     }
 }
@@ -228,6 +232,7 @@ mod tests {
             header: Duration::from_secs(10),
             body: Duration::from_secs(30),
             send: Duration::from_secs(5),
+            queue: Duration::from_secs(5),
         }
     }
 

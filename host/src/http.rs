@@ -42,7 +42,7 @@ use crate::conn::{ConnectionLimits, ConnectionPhase};
 use crate::db::{ConfigureError, DbError, PageBound, StoredMessage};
 use crate::gateway::{Gateway, PushFailure};
 use crate::hash::txn_hash;
-use crate::intake::{Held, HeldBody, Intake};
+use crate::intake::{Held, HeldBody, Intake, Shed, UNDECLARED_FIRST_SLICE_BYTES};
 use crate::router::{self, Endpoint, Matched, Unrouted};
 use crate::{kv, timers, transaction};
 
@@ -150,16 +150,16 @@ async fn serve(app: &App, matched: Matched, request: Request<Incoming>, held: &m
     match matched.endpoint {
         Endpoint::Push => push(app, request, held).await,
         Endpoint::Configure => configure(app, request, held).await,
-        Endpoint::Messages => messages(app, &request).await,
-        Endpoint::MessageByTransactionId => by_transaction_id(app, &request).await,
+        Endpoint::Messages => messages(app, &request, held).await,
+        Endpoint::MessageByTransactionId => by_transaction_id(app, &request, held).await,
         Endpoint::KvBatch => kv_batch(app, request, held).await,
-        Endpoint::KvGet => kv_get(app, &matched).await,
+        Endpoint::KvGet => kv_get(app, &matched, held).await,
         Endpoint::KvPut => kv_put(app, &matched, request, held).await,
-        Endpoint::KvDelete => kv_delete(app, &matched).await,
+        Endpoint::KvDelete => kv_delete(app, &matched, held).await,
         Endpoint::Transaction => transaction(app, request, held).await,
         Endpoint::TimersBatch => timers_batch(app, request, held).await,
-        Endpoint::TimersList => timers_list(app, &matched, &request).await,
-        Endpoint::TimerPeek => timer_peek(app, &matched).await,
+        Endpoint::TimersList => timers_list(app, &matched, &request, held).await,
+        Endpoint::TimerPeek => timer_peek(app, &matched, held).await,
         Endpoint::TimerCancel => timer_cancel(app, &matched, &request).await,
         Endpoint::Health => health(app).await,
         Endpoint::Metrics => Ok(metrics(app)),
@@ -244,7 +244,7 @@ async fn configure(app: &App, request: Request<Incoming>, held: &mut Held) -> Re
     Ok(json_reply(StatusCode::OK, &json!({ "configured": true, "queue": request.queue, "options": stored })))
 }
 
-async fn messages(app: &App, request: &Request<Incoming>) -> Result<Reply, Failure> {
+async fn messages(app: &App, request: &Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let query = query(request)?;
     let (queue, partition) = queue_and_partition(&query)?;
     let from = integer(&query, "fromOffset", 0)?;
@@ -255,14 +255,15 @@ async fn messages(app: &App, request: &Request<Incoming>) -> Result<Reply, Failu
     if !(1..=10_000).contains(&limit) {
         return Err(BadRequest::new("limit: must be between 1 and 10000").into());
     }
-    let bound = PageBound { messages: limit, bytes: app.config.answer_limit.saturating_sub(1024) };
-    let page = app.gateway.db().read_messages(&queue, &partition, from, bound).await?;
+    let room = answer_room(app, held)?;
+    let bound = PageBound { messages: limit, bytes: room.saturating_sub(1024) };
+    let page = app.gateway.db().read_messages(&queue, &partition, from, bound).await.map_err(|e| read_failure(app, room, e))?;
     let messages: Vec<MessageReply<'_>> = page.messages.iter().map(MessageReply::from).collect();
     let reply = MessagesReply { messages, partition: &partition, queue: &queue, truncated: page.truncated };
     Ok(json_reply(StatusCode::OK, &reply))
 }
 
-async fn by_transaction_id(app: &App, request: &Request<Incoming>) -> Result<Reply, Failure> {
+async fn by_transaction_id(app: &App, request: &Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let query = query(request)?;
     let (queue, partition) = queue_and_partition(&query)?;
     let Some(transaction_id) = query.get("transactionId").filter(|id| !id.is_empty()) else {
@@ -270,6 +271,7 @@ async fn by_transaction_id(app: &App, request: &Request<Incoming>) -> Result<Rep
     };
     api::validate_transaction_id("transactionId", transaction_id)?;
     let hash = txn_hash(transaction_id);
+    answer_room(app, held)?;
     match app.gateway.db().message_by_transaction_id(&queue, &partition, hash, transaction_id).await? {
         Some(message) => Ok(json_reply(StatusCode::OK, &MessageReply::from(&message))),
         None => Err(Failure::Status(StatusCode::NOT_FOUND, format!("transactionId: no message with it in {queue}/{partition}"))),
@@ -314,12 +316,15 @@ struct MessagesReply<'a> {
 async fn kv_batch(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let body = read_body(app, request, held).await?;
     let calls = kv::parse_batch(&body)?;
-    kv_reply(app, &calls).await
+    drop(body);
+    kv_reply(app, &calls, held).await
 }
 
-async fn kv_get(app: &App, matched: &Matched) -> Result<Reply, Failure> {
+async fn kv_get(app: &App, matched: &Matched, held: &mut Held) -> Result<Reply, Failure> {
     let call = kv::path_op(kv::PathVerb::Get, matched.param("ns"), matched.param("key"))?;
-    let applied = kv::apply(app.gateway.db(), std::slice::from_ref(&call), kv_limit(app)).await?;
+    let room = answer_room(app, held)?;
+    let applied =
+        kv::apply(app.gateway.db(), std::slice::from_ref(&call), kv_limit(room)).await.map_err(|e| read_failure(app, room, e))?;
     count_kv(app, &applied);
     let result = &applied.results[0];
     if result.found != Some(true) {
@@ -337,18 +342,20 @@ async fn kv_get(app: &App, matched: &Matched) -> Result<Reply, Failure> {
 async fn kv_put(app: &App, matched: &Matched, request: Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let body = read_body(app, request, held).await?;
     let call = kv::parse_put(matched.param("ns"), matched.param("key"), &body)?;
-    kv_reply(app, std::slice::from_ref(&call)).await
+    drop(body);
+    kv_reply(app, std::slice::from_ref(&call), held).await
 }
 
-async fn kv_delete(app: &App, matched: &Matched) -> Result<Reply, Failure> {
+async fn kv_delete(app: &App, matched: &Matched, held: &mut Held) -> Result<Reply, Failure> {
     let call = kv::path_op(kv::PathVerb::Delete, matched.param("ns"), matched.param("key"))?;
-    kv_reply(app, std::slice::from_ref(&call)).await
+    kv_reply(app, std::slice::from_ref(&call), held).await
 }
 
 /// Applies KV operations and answers 200 with their results, or, when a
 /// `required` one did not apply, with the lost precondition (nothing written).
-async fn kv_reply(app: &App, calls: &[kv::KvCall]) -> Result<Reply, Failure> {
-    let applied = kv::apply(app.gateway.db(), calls, kv_limit(app)).await?;
+async fn kv_reply(app: &App, calls: &[kv::KvCall], held: &mut Held) -> Result<Reply, Failure> {
+    let room = answer_room(app, held)?;
+    let applied = kv::apply(app.gateway.db(), calls, kv_limit(room)).await.map_err(|e| read_failure(app, room, e))?;
     count_kv(app, &applied);
     match applied.failed {
         Some(failed) => Ok(json_reply(StatusCode::OK, &applied.precondition_lost(failed, failed))),
@@ -359,10 +366,34 @@ async fn kv_reply(app: &App, calls: &[kv::KvCall]) -> Result<Reply, Failure> {
     }
 }
 
-/// What KV results one answer may hold: the answer limit, less room for
-/// the JSON around them.
-fn kv_limit(app: &App) -> kv::AnswerLimit {
-    kv::AnswerLimit::bytes(app.config.answer_limit.saturating_sub(4096))
+/// What KV results one answer may hold: the room reserved for it, less
+/// room for the JSON around them.
+fn kv_limit(room: usize) -> kv::AnswerLimit {
+    kv::AnswerLimit::bytes(room.saturating_sub(4096))
+}
+
+/// Reserves room for a read's answer (the answer limit, or what is free of
+/// it now) and returns its size; with no room free at all, the read is
+/// refused with 503 before PostgreSQL is asked. The request keeps the room
+/// in `held` until its answer is sent.
+fn answer_room(app: &App, held: &mut Held) -> Result<usize, Failure> {
+    let reserved = app.intake.reserve_answer(app.config.answer_limit);
+    if reserved.bytes() == 0 {
+        return Err(Failure::Unavailable("the gateway has no room for an answer now; retry".into()));
+    }
+    held.absorb(reserved);
+    Ok(held.bytes())
+}
+
+/// A read's failure, where an answer too large for the room reserved is a
+/// 413 only when that room was the whole answer limit; under a smaller
+/// reservation the same answer may fit later, so it is a 503.
+fn read_failure(app: &App, room: usize, error: DbError) -> Failure {
+    let too_large = matches!(error, DbError::TooLarge(_)) || error.sqlstate() == Some(kv::ANSWER_TOO_LARGE);
+    if too_large && room < app.config.answer_limit {
+        return Failure::Unavailable("the gateway has no room for an answer this large now; retry".into());
+    }
+    error.into()
 }
 
 /// Counts answered KV operations by outcome: `read` (no verdict),
@@ -383,7 +414,9 @@ async fn transaction(app: &App, request: Request<Incoming>, held: &mut Held) -> 
     let body = read_body(app, request, held).await?;
     let request = transaction::parse(&body, app.config.max_items)?;
     drop(body);
-    let answer = transaction::run(&app.gateway, &app.firer, request, kv_limit(app)).await?;
+    let room = answer_room(app, held)?;
+    let answer =
+        transaction::run(&app.gateway, &app.firer, request, kv_limit(room)).await.map_err(|e| read_failure(app, room, e))?;
     Ok(json_reply(StatusCode::OK, &answer))
 }
 
@@ -394,16 +427,18 @@ async fn timers_batch(app: &App, request: Request<Incoming>, held: &mut Held) ->
     Ok(json_reply(StatusCode::OK, &json!({ "results": results })))
 }
 
-async fn timers_list(app: &App, matched: &Matched, request: &Request<Incoming>) -> Result<Reply, Failure> {
+async fn timers_list(app: &App, matched: &Matched, request: &Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let queue = api::checked_name("queue", matched.param("queue").to_owned())?;
     let page = timers::PageQuery::parse(&query(request)?)?;
+    answer_room(app, held)?;
     let page = timers::list(&app.gateway, &queue, &page).await?;
     Ok(json_reply(StatusCode::OK, &page))
 }
 
-async fn timer_peek(app: &App, matched: &Matched) -> Result<Reply, Failure> {
+async fn timer_peek(app: &App, matched: &Matched, held: &mut Held) -> Result<Reply, Failure> {
     let queue = api::checked_name("queue", matched.param("queue").to_owned())?;
     let timer_key = kv::Key::named("timerKey", matched.param("timerKey"))?;
+    answer_room(app, held)?;
     match timers::peek(&app.gateway, &queue, &timer_key).await? {
         Some(timer) => Ok(json_reply(StatusCode::OK, &timer)),
         None => Ok(json_reply(StatusCode::OK, &json!({ "found": false }))),
@@ -419,13 +454,26 @@ async fn timer_cancel(app: &App, matched: &Matched, request: &Request<Incoming>)
     Ok(json_reply(StatusCode::OK, &result))
 }
 
+/// 200 while the database answers, else 503; either way with the intake's
+/// state, so that a balancer or an operator sees a gateway shedding load.
 async fn health(app: &App) -> Result<Reply, Failure> {
     app.gateway.db().schema_version().await?;
-    Ok(json_reply(StatusCode::OK, &json!({ "status": "ok", "database": "up" })))
+    let intake = app.intake.state();
+    let reply = json!({
+        "status": "ok",
+        "database": "up",
+        "intake": {
+            "saturated": intake.saturated,
+            "heldBytes": intake.held_bytes,
+            "limitBytes": intake.limit_bytes,
+            "waitingRequests": intake.waiting_requests,
+        },
+    });
+    Ok(json_reply(StatusCode::OK, &reply))
 }
 
 fn metrics(app: &App) -> Reply {
-    app.gateway.metrics().publish_intake(app.intake.held_bytes(), app.intake.limit_bytes());
+    app.gateway.metrics().publish_intake(&app.intake.state());
     let mut reply = Response::new(Bytes::from(app.gateway.metrics().render()));
     reply.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     reply
@@ -438,15 +486,18 @@ fn openapi() -> Reply {
     reply
 }
 
-/// Reads a body within the size limit and the body's time limit, charging
-/// the intake for each piece as it arrives (and waiting for room before
-/// reading on). A body whose declared length is over the limit is refused
-/// before anything is read.
+/// Reads a body within the size limit and the body's time limit, once the
+/// intake has admitted the request (`crate::intake`): a body that declares
+/// its length takes its whole charge once its first piece has arrived and
+/// before more is read; one sent without a length is admitted for a first
+/// slice and grows into free room.
+/// A body whose declared length is over the limit is refused before
+/// anything is read.
 ///
-/// The time limit counts only the waits for the client's bytes. A wait for
-/// room while this request already holds part of the budget is bounded by
-/// the same limit, so that requests that each hold part and all wait for
-/// more cannot wait forever: the one that gives up answers 503.
+/// A request refused room is answered 503 with `Retry-After`, holding
+/// nothing, once its body has been read and thrown away: a connection
+/// closed with a body unread would reset, and the client might lose the
+/// answer that tells it to retry.
 async fn read_body(app: &App, request: Request<Incoming>, held: &mut Held) -> Result<Bytes, Failure> {
     if let Some(coding) = request.headers().get(CONTENT_ENCODING).filter(|coding| !is_identity(coding)) {
         return Err(Failure::Status(
@@ -456,41 +507,88 @@ async fn read_body(app: &App, request: Request<Incoming>, held: &mut Held) -> Re
     }
     let limit = app.config.body_limit;
     let too_large = || Failure::from(BadRequest::too_large(format!("body: exceeds the limit of {limit} bytes")));
-    if request.body().size_hint().lower() > limit as u64 {
+    let hint = request.body().size_hint();
+    if hint.lower() > limit as u64 {
         return Err(too_large());
     }
-    let time_limit = app.config.limits.body;
-    let mut client_time_left = time_limit;
-    let mut body = request.into_body();
+    let declared = hint.exact().map(|length| usize::try_from(length).expect("at most the body limit"));
+    let mut body =
+        BodyReader { body: request.into_body(), time_limit: app.config.limits.body, client_time_left: app.config.limits.body };
+    // The first piece is awaited before admission: a client that declares a
+    // body and sends none holds no room, only its connection's buffer.
+    let first = if declared == Some(0) { None } else { body.next_chunk().await? };
+    if first.is_some()
+        && let Err(shed) = app.intake.admit(held, declared.unwrap_or(UNDECLARED_FIRST_SLICE_BYTES)).await
+    {
+        drop(first);
+        return Err(body.refuse(shed, limit).await);
+    }
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total = 0usize;
-    loop {
-        let waited_from = tokio::time::Instant::now();
-        let frame = match tokio::time::timeout(client_time_left, body.frame()).await {
-            Err(_) => {
-                return Err(Failure::Status(
-                    StatusCode::REQUEST_TIMEOUT,
-                    format!("body: not received within {} s", time_limit.as_secs_f64()),
-                ));
-            }
-            Ok(None) => break,
-            Ok(Some(Err(error))) => return Err(BadRequest::new(format!("body: could not be read ({error})")).into()),
-            Ok(Some(Ok(frame))) => frame,
-        };
-        client_time_left = client_time_left.saturating_sub(waited_from.elapsed());
-        let Ok(chunk) = frame.into_data() else { continue };
+    let mut next = first;
+    while let Some(chunk) = next.take() {
         total += chunk.len();
         if total > limit {
             return Err(too_large());
         }
-        if held.bytes() == 0 {
-            app.intake.take_body(held, chunk.len()).await;
-        } else if tokio::time::timeout(time_limit, app.intake.take_body(held, chunk.len())).await.is_err() {
-            return Err(Failure::Unavailable("body: the gateway has no room for it now; retry".into()));
+        if declared.is_none()
+            && let Err(shed) = app.intake.grow(held, total)
+        {
+            drop(chunks);
+            *held = Held::default();
+            return Err(body.refuse(shed, limit).await);
         }
         chunks.push(chunk);
+        next = body.next_chunk().await?;
     }
     Ok(without_byte_order_mark(concat(chunks, total)))
+}
+
+/// A request's body, read within its time limit, which counts only the
+/// waits for the client's bytes.
+struct BodyReader {
+    body: Incoming,
+    time_limit: std::time::Duration,
+    client_time_left: std::time::Duration,
+}
+
+impl BodyReader {
+    /// The next piece of the body, `None` at its end; 408 once the client's
+    /// time is spent.
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, Failure> {
+        loop {
+            let waited_from = tokio::time::Instant::now();
+            let frame = match tokio::time::timeout(self.client_time_left, self.body.frame()).await {
+                Err(_) => {
+                    return Err(Failure::Status(
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!("body: not received within {} s", self.time_limit.as_secs_f64()),
+                    ));
+                }
+                Ok(None) => return Ok(None),
+                Ok(Some(Err(error))) => return Err(BadRequest::new(format!("body: could not be read ({error})")).into()),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            self.client_time_left = self.client_time_left.saturating_sub(waited_from.elapsed());
+            if let Ok(chunk) = frame.into_data() {
+                return Ok(Some(chunk));
+            }
+        }
+    }
+
+    /// The answer to a request refused room, once the rest of its body (at
+    /// most `limit` bytes, within its time limit) has been read and thrown
+    /// away. A body that does not end in time closes the connection instead.
+    async fn refuse(mut self, shed: Shed, limit: usize) -> Failure {
+        let mut total = 0usize;
+        while let Ok(Some(chunk)) = self.next_chunk().await {
+            total += chunk.len();
+            if total > limit {
+                break;
+            }
+        }
+        Failure::Unavailable(format!("body: {shed}"))
+    }
 }
 
 /// Whether a `Content-Encoding` says the body is as sent (`identity`), the

@@ -85,6 +85,12 @@ struct ServeArgs {
     /// not read) before the connection is closed.
     #[arg(long, env = "STILE_SEND_TIMEOUT", allow_negative_numbers = true, default_value_t = ConnectionLimits::default().send.as_secs_f64())]
     send_timeout: f64,
+    /// Seconds a request may wait for room among the requests in progress
+    /// (`--max-held-mb`) before its body is read; past it, or when a full
+    /// budget's worth of requests already waits, it is answered 503 with
+    /// `Retry-After`.
+    #[arg(long, env = "STILE_QUEUE_TIMEOUT", allow_negative_numbers = true, default_value_t = ConnectionLimits::default().queue.as_secs_f64())]
+    queue_timeout: f64,
     /// Connections in the PostgreSQL pool of reads, configures and partition
     /// lookups (each shard has a pool of its own for its bundles).
     #[arg(long, env = "STILE_POOL_SIZE", default_value_t = 16)]
@@ -145,6 +151,7 @@ fn main() -> std::process::ExitCode {
                 header: seconds("--header-timeout", args.header_timeout),
                 body: seconds("--body-timeout", args.body_timeout),
                 send: seconds("--send-timeout", args.send_timeout),
+                queue: seconds("--queue-timeout", args.queue_timeout),
             },
         },
         pool_size: args.pool_size,

@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 use stile_guest::HydrateError;
 
 use crate::db::ProbeMode;
+use crate::intake::{IntakeCounters, IntakeState};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabel {
@@ -61,6 +62,9 @@ pub struct Metrics {
     held_request_bytes: Gauge,
     held_request_bytes_limit: Gauge,
     requests_waited_for_room: Counter,
+    requests_shed: Counter,
+    requests_waiting_for_room: Gauge,
+    intake_saturated: Gauge,
     transactions: Family<OutcomeLabel, Counter>,
     kv_operations: Family<OutcomeLabel, Counter>,
     timers_fired: Counter,
@@ -93,6 +97,9 @@ impl Metrics {
             held_request_bytes: Gauge::default(),
             held_request_bytes_limit: Gauge::default(),
             requests_waited_for_room: Counter::default(),
+            requests_shed: Counter::default(),
+            requests_waiting_for_room: Gauge::default(),
+            intake_saturated: Gauge::default(),
             transactions: Family::default(),
             kv_operations: Family::default(),
             timers_fired: Counter::default(),
@@ -154,13 +161,28 @@ impl Metrics {
             );
             r.register(
                 "held_request_bytes_limit",
-                "The most bytes requests in progress may hold (--max-held-mb); past it, requests wait unread",
+                "The most bytes requests in progress may hold (--max-held-mb); past it, requests wait unread or are refused",
                 metrics.held_request_bytes_limit.clone(),
             );
             r.register(
                 "requests_waited_for_room",
                 "Requests that found the intake full and waited, their bodies unread, for room",
                 metrics.requests_waited_for_room.clone(),
+            );
+            r.register(
+                "requests_shed",
+                "Requests answered 503 for want of room, their bodies unread: a budget's worth already waited, or none came within --queue-timeout",
+                metrics.requests_shed.clone(),
+            );
+            r.register(
+                "requests_waiting_for_room",
+                "Requests waiting now for room, their bodies unread",
+                metrics.requests_waiting_for_room.clone(),
+            );
+            r.register(
+                "intake_saturated",
+                "1 while requests wait for room or one was refused within the last second, else 0",
+                metrics.intake_saturated.clone(),
             );
             r.register(
                 "transactions",
@@ -272,15 +294,19 @@ impl Metrics {
         self.bundle_lock_timeouts.inc();
     }
 
-    /// The counter the intake counts its waiting requests in.
-    pub fn requests_waited_for_room(&self) -> Counter {
-        self.requests_waited_for_room.clone()
+    /// The counters the intake counts its waiting and refused requests in.
+    pub fn intake_counters(&self) -> IntakeCounters {
+        IntakeCounters { waited: self.requests_waited_for_room.clone(), shed: self.requests_shed.clone() }
     }
 
-    /// Publishes what requests in progress hold, and the limit.
-    pub fn publish_intake(&self, held_bytes: usize, limit_bytes: usize) {
-        self.held_request_bytes.set(i64::try_from(held_bytes).unwrap_or(i64::MAX));
-        self.held_request_bytes_limit.set(i64::try_from(limit_bytes).unwrap_or(i64::MAX));
+    /// Publishes what requests in progress hold, the limit, and whether the
+    /// intake is saturated.
+    pub fn publish_intake(&self, state: &IntakeState) {
+        let gauge = |bytes: usize| i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.held_request_bytes.set(gauge(state.held_bytes));
+        self.held_request_bytes_limit.set(gauge(state.limit_bytes));
+        self.requests_waiting_for_room.set(gauge(state.waiting_requests));
+        self.intake_saturated.set(i64::from(state.saturated));
     }
 
     /// Publishes one shard's cache gauges.

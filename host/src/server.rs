@@ -17,7 +17,7 @@ use crate::conn::TimedIo;
 use crate::db::Db;
 use crate::gateway::Gateway;
 use crate::http::{App, HttpConfig};
-use crate::intake::Intake;
+use crate::intake::{Intake, IntakeConfig};
 use crate::metrics::Metrics;
 use crate::shard::{self, DbReading, ShardPlacement, WorkerConfig};
 use crate::wasm::WasmEngine;
@@ -103,7 +103,13 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     );
     let purge = tokio::spawn(purge_loop(db.clone(), config.purge_every));
     let kv_purge = tokio::spawn(kv_purge_loop(db.clone(), metrics.clone()));
-    let intake = Intake::new(usize::try_from(config.max_held_bytes).unwrap_or(usize::MAX), metrics.requests_waited_for_room());
+    let intake = Intake::new(
+        IntakeConfig {
+            limit_bytes: usize::try_from(config.max_held_bytes).unwrap_or(usize::MAX),
+            queue_timeout: config.http.limits.queue,
+        },
+        metrics.intake_counters(),
+    );
     let gateway = Arc::new(Gateway::new(db, handles, metrics));
     let wake = Arc::new(crate::timers::FirerWake::default());
     let firer = tokio::spawn(crate::timers::fire_loop(gateway.clone(), wake.clone()));
