@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use stile::cache::EngineKind;
 use stile::conn::ConnectionLimits;
 use stile::http::HttpConfig;
-use stile::server::{ServeConfig, serve};
+use stile::server::{RUNTIME_GRACE, ServeConfig, serve};
 use stile::shard::{ShardPlacement, WorkerConfig};
 
 /// Every request allocates and frees small buffers (bodies, names,
@@ -116,6 +116,11 @@ struct ServeArgs {
     /// and at least 64.
     #[arg(long, env = "STILE_MAX_HELD_MB")]
     max_held_mb: Option<u64>,
+    /// Seconds in-flight requests may take to finish once SIGTERM or SIGINT
+    /// has stopped the gateway accepting; past them, the connections still
+    /// open are closed. A second signal exits at once.
+    #[arg(long, env = "STILE_SHUTDOWN_TIMEOUT", allow_negative_numbers = true, default_value_t = 30.0)]
+    shutdown_timeout: f64,
     /// Seconds between retention purges.
     #[arg(long, env = "STILE_PURGE_SECONDS", default_value_t = 60)]
     purge_seconds: u64,
@@ -162,9 +167,14 @@ fn main() -> std::process::ExitCode {
         purge_every: Duration::from_secs(args.purge_seconds.max(1)),
         inject_guest_traps_per_million: args.inject_guest_traps_per_million,
         inject_instance_refusals: args.inject_instance_refusals,
+        shutdown_timeout: seconds("--shutdown-timeout", args.shutdown_timeout),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("start the tokio runtime");
-    match runtime.block_on(serve(config, shutdown_signal())) {
+    let served = runtime.block_on(serve(config, shutdown_signal()));
+    // What is left (a shard worker's thread that outlived the shutdown's
+    // bounds, a connection's last drop) must not hold the exit.
+    runtime.shutdown_timeout(RUNTIME_GRACE);
+    match served {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("stile: {error:#}");
@@ -185,25 +195,92 @@ fn seconds(flag: &str, value: f64) -> Duration {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// A signal that stops the gateway.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    Terminate,
+    Interrupt,
+}
+
+impl Stop {
+    fn name(self) -> &'static str {
+        match self {
+            Stop::Terminate => "SIGTERM",
+            Stop::Interrupt => "SIGINT",
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
     }
-    tracing::info!("shutting down: no new connections; finishing in-flight requests");
+
+    /// The exit status of a program this signal ended: 128 and the
+    /// signal's number, as shells report it.
+    fn exit_code(self) -> i32 {
+        match self {
+            Stop::Terminate => 128 + 15,
+            Stop::Interrupt => 128 + 2,
+        }
+    }
+}
+
+/// SIGTERM and SIGINT (Ctrl-C). Once listened for, they no longer end the
+/// process by themselves; both stay listened for until the exit, so that a
+/// second one is caught however soon it follows the first. A signal that
+/// cannot be listened for never arrives.
+#[derive(Debug)]
+struct Signals {
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    #[cfg(unix)]
+    fn listen() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals { terminate: signal(SignalKind::terminate()).ok(), interrupt: signal(SignalKind::interrupt()).ok() }
+    }
+
+    #[cfg(not(unix))]
+    fn listen() -> Signals {
+        Signals {}
+    }
+
+    /// Waits for the next signal.
+    #[cfg(unix)]
+    async fn next(&mut self) -> Stop {
+        async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
+            if let Some(signal) = signal
+                && signal.recv().await.is_some()
+            {
+                return;
+            }
+            std::future::pending().await
+        }
+        tokio::select! {
+            () = recv(&mut self.terminate) => Stop::Terminate,
+            () = recv(&mut self.interrupt) => Stop::Interrupt,
+        }
+    }
+
+    /// Waits for the next signal.
+    #[cfg(not(unix))]
+    async fn next(&mut self) -> Stop {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => Stop::Interrupt,
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT; from then on, a second one ends the
+/// process at once. The signals are listened for from the first poll, when
+/// the gateway starts serving: until then (connecting to the database,
+/// migrating) a signal ends the process as it would any other.
+async fn shutdown_signal() {
+    let mut signals = Signals::listen();
+    signals.next().await;
+    tokio::spawn(async move {
+        let second = signals.next().await;
+        tracing::warn!("{} during the shutdown: exiting at once, with status {}", second.name(), second.exit_code());
+        std::process::exit(second.exit_code());
+    });
 }

@@ -11,6 +11,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 
 use crate::cache::{EngineKind, ShardCache};
 use crate::conn::TimedIo;
@@ -19,7 +20,7 @@ use crate::gateway::Gateway;
 use crate::http::{App, HttpConfig};
 use crate::intake::{Intake, IntakeConfig};
 use crate::metrics::Metrics;
-use crate::shard::{self, DbReading, ShardPlacement, WorkerConfig};
+use crate::shard::{self, DbReading, ShardPlacement, ShardWorker, WorkerConfig};
 use crate::wasm::WasmEngine;
 
 /// Everything `stile serve` is told.
@@ -51,10 +52,25 @@ pub struct ServeConfig {
     /// Once the shards have started, no cache instance can be made again
     /// (fault tests only).
     pub inject_instance_refusals: bool,
+    /// How long requests in flight may take to finish once shutdown starts;
+    /// the connections still open then are closed.
+    pub shutdown_timeout: Duration,
 }
 
+/// How long the shards may take, past the shutdown timeout, to finish the
+/// bundles of the requests that were cut short. With [`RUNTIME_GRACE`] for
+/// the runtime to stop, the gateway exits within 5 s of the shutdown timeout
+/// whatever its clients and PostgreSQL do.
+const FLUSH_GRACE: Duration = Duration::from_secs(3);
+
+/// How long the runtime may take to stop its tasks once `serve` has
+/// returned (see `main`).
+pub const RUNTIME_GRACE: Duration = Duration::from_secs(1);
+
 /// Runs the gateway until `shutdown` resolves, then stops accepting, lets
-/// in-flight requests and flushes finish, and returns.
+/// in-flight requests and flushes finish, and returns. Requests still in
+/// flight after `config.shutdown_timeout` have their connections closed, and
+/// the shards have [`FLUSH_GRACE`] more to finish their bundles.
 pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let db = Db::connect(&config.database_url, config.pool_size)
         .await
@@ -114,20 +130,35 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     let wake = Arc::new(crate::timers::FirerWake::default());
     let firer = tokio::spawn(crate::timers::fire_loop(gateway.clone(), wake.clone()));
     let app = Arc::new(App { gateway, firer: wake, config: config.http.clone(), intake });
-    accept_until(listener, app, shutdown).await;
+    let mut connections = accept_until(listener, app, shutdown).await;
+    let signalled = Instant::now();
+    let drain_by = signalled + config.shutdown_timeout;
+    let give_up_at = drain_by + FLUSH_GRACE;
+    tracing::info!(
+        "shutting down: no new connections; requests in flight have {} s to finish (connections open: {})",
+        config.shutdown_timeout.as_secs_f64(),
+        connections.open()
+    );
     purge.abort();
     kv_purge.abort();
+    connections.close(drain_by, give_up_at).await;
     // The firer holds the gateway, and with it the shard handles: it must be
     // gone before the workers can finish. A fire cut short here rolls back
     // and its timers stay pending for the next gateway.
     firer.abort();
-    let _ = firer.await;
-    // The App (and with it every shard handle) is gone once the connections
-    // have closed; the workers then finish their in-flight flushes and stop.
-    for worker in workers {
-        worker.join().await;
+    let _ = tokio::time::timeout_at(give_up_at.into(), firer).await;
+    // Every shard handle is gone with the connections; the workers then
+    // finish their in-flight flushes and stop. A flush that PostgreSQL holds
+    // past the grace is abandoned: its transaction rolls back when the
+    // process exits, and none of its requests was answered.
+    let joined = futures::future::join_all(workers.into_iter().map(ShardWorker::join));
+    if tokio::time::timeout_at(give_up_at.into(), joined).await.is_err() {
+        tracing::warn!(
+            "the shard workers had not finished their bundles {} s after the shutdown timeout; exiting without them",
+            FLUSH_GRACE.as_secs_f64()
+        );
     }
-    tracing::info!("stile stopped");
+    tracing::info!("stile stopped, {:.1} s after the signal", signalled.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -149,8 +180,47 @@ fn redacted_url(url: &str) -> String {
 /// section may be larger.
 const READ_BUFFER_BYTES: usize = 16 << 10;
 
-async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
-    let graceful = GracefulShutdown::new();
+/// The connections being served: a task each, kept to be aborted, and
+/// hyper's graceful shutdown, which closes those between requests.
+struct Connections {
+    tasks: JoinSet<()>,
+    graceful: GracefulShutdown,
+}
+
+impl Connections {
+    /// How many are open.
+    fn open(&mut self) -> usize {
+        while self.tasks.try_join_next().is_some() {}
+        self.tasks.len()
+    }
+
+    /// Closes the idle connections at once and lets the others finish their
+    /// requests until `drain_by`; then aborts those still open, which drops
+    /// their requests (and the shard handles they hold). Returns by
+    /// `give_up_at` whatever the tasks do.
+    async fn close(self, drain_by: Instant, give_up_at: Instant) {
+        let Connections { mut tasks, graceful } = self;
+        let drained = tokio::time::timeout_at(drain_by.into(), async {
+            graceful.shutdown().await;
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_ok() {
+            return;
+        }
+        while tasks.try_join_next().is_some() {}
+        tracing::warn!("shutdown timeout: closing the connections whose requests did not finish (connections: {})", tasks.len());
+        tasks.abort_all();
+        let aborted = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout_at(give_up_at.into(), aborted).await.is_err() {
+            tracing::warn!("{} connection tasks did not stop when aborted; exiting without them", tasks.len());
+        }
+    }
+}
+
+/// Accepts and serves connections until `shutdown` resolves.
+async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) -> Connections {
+    let mut connections = Connections { tasks: JoinSet::new(), graceful: GracefulShutdown::new() };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -168,21 +238,20 @@ async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Futur
                 let service = service_fn(move |request| crate::http::handle(app.clone(), request, peer, phase.clone()));
                 let connection =
                     http1::Builder::new().max_buf_size(READ_BUFFER_BYTES).serve_connection(TokioIo::new(io), service);
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
+                let connection = connections.graceful.watch(connection);
+                connections.tasks.spawn(async move {
                     if let Err(error) = connection.await {
                         tracing::debug!(error = %error, "connection ended with an error");
                     }
                 });
             }
+            // The tasks of closed connections are reaped as they end, so
+            // that the set holds only the open ones.
+            Some(_) = connections.tasks.join_next(), if !connections.tasks.is_empty() => {}
             () = &mut shutdown => break,
         }
     }
-    drop(listener);
-    drop(app);
-    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown()).await.is_err() {
-        tracing::warn!("connections still open after 30 s; stopping anyway");
-    }
+    connections
 }
 
 /// How often expired keys are deleted, and most deleted at once.

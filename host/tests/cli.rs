@@ -89,6 +89,7 @@ fn a_bad_flag_value_names_the_flag_and_exits_non_zero() {
     for (args, flag) in [
         (&["serve", "--idle-timeout", "-1"][..], "--idle-timeout"),
         (&["serve", "--body-timeout", "0"][..], "--body-timeout"),
+        (&["serve", "--shutdown-timeout", "-5"][..], "--shutdown-timeout"),
         (&["serve", "--engine", "jit"][..], "--engine"),
         (&["serve", "--shards", "many"][..], "--shards"),
         (&["serve", "--cache-mb", "lots"][..], "--cache-mb"),

@@ -1,15 +1,17 @@
 //! A gateway's life as a process: its log at start, graceful shutdown under
-//! load and the bearer token. (A database that cannot be reached at start is tested in
+//! load, a shutdown bounded whatever the clients do, and the bearer token. (A database that cannot be reached at start is tested in
 //! `host/tests/cli.rs`.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::Method;
 use serde_json::json;
-use stile_tests::gateway::{Answer, Gateway, GatewayOptions, fresh_database, item};
+use stile_tests::gateway::{Answer, Client, Gateway, GatewayOptions, fresh_database, item, metric};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::Notify;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,4 +161,194 @@ async fn with_a_bearer_token_the_api_requires_it_and_health_stays_open() {
     let c = t.client().await;
     let count: i64 = c.query_one("SELECT count(*) AS segments FROM stile.segments", &[]).await.unwrap().get("segments");
     assert_eq!(count, 1, "the refused pushes wrote nothing");
+}
+
+/// The shutdown timeout of the tests below, in seconds.
+const SHUTDOWN_TIMEOUT_S: u64 = 2;
+
+/// How long past its shutdown timeout a gateway may take to exit, whatever
+/// its clients do.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+fn with_shutdown_timeout(seconds: u64) -> GatewayOptions {
+    GatewayOptions { extra_args: vec!["--shutdown-timeout".to_owned(), seconds.to_string()], ..GatewayOptions::default() }
+}
+
+/// A push whose header declares `declared` bytes of body, of which `sent`
+/// are sent (spaces, which a JSON body may start with).
+async fn push_part_of_a_body(gw: &Gateway, declared: usize, sent: usize) -> TcpStream {
+    let mut stream = TcpStream::connect(gw.addr()).await.expect("connect");
+    let head = format!("POST /api/v1/push HTTP/1.1\r\nhost: stile\r\ncontent-length: {declared}\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.expect("send the head");
+    stream.write_all(&vec![b' '; sent]).await.expect("send part of the body");
+    stream
+}
+
+/// Waits until a series of /metrics satisfies `holds` (polled: a condition
+/// the gateway reports), failing after fifteen seconds.
+async fn wait_for_metric(client: &mut Client, series: &str, holds: impl Fn(f64) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let value = metric(&client.metrics().await, series);
+        if holds(value) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{series} stayed at {value}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the gateway's log holds `text` (polled), failing after
+/// fifteen seconds.
+async fn wait_for_log(gw: &Gateway, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !gw.logs().contains(text) {
+        assert!(Instant::now() < deadline, "the gateway did not log {text:?}:\n{}", gw.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reads one answer on a raw connection (its header, then as many bytes as
+/// its `content-length` says) and returns its status line.
+async fn read_answer(stream: &mut TcpStream) -> String {
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        let n = stream.read(&mut buf).await.expect("read an answer");
+        assert!(n > 0, "the connection closed before its answer: {:?}", String::from_utf8_lossy(&bytes));
+        bytes.extend_from_slice(&buf[..n]);
+        if let Some(at) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&bytes[..head_end]).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().expect("a length")))
+        .expect("an answer with a content-length");
+    while bytes.len() < head_end + length {
+        let n = stream.read(&mut buf).await.expect("read an answer's body");
+        assert!(n > 0, "the connection closed within an answer");
+        bytes.extend_from_slice(&buf[..n]);
+    }
+    head.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Whether the gateway closes `stream` within `within`: reads what it
+/// sends until the end of the stream, or a reset.
+async fn closes_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let until_closed = async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(within, until_closed).await.is_ok()
+}
+
+/// How many connections the gateway says it closed at the shutdown
+/// timeout, if it logged that it did.
+fn connections_closed_at_the_timeout(logs: &str) -> Option<usize> {
+    logs.lines().find_map(|line| {
+        let (_, rest) = line.split_once("shutdown timeout: closing the connections")?;
+        rest.split_once("(connections: ")?.1.strip_suffix(')')?.parse().ok()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_gateway_within_the_shutdown_timeout_and_five_seconds_whatever_the_clients_do() {
+    const MESSAGES: usize = 16;
+    const DECLARED: usize = 4_000_000;
+    const SENT: usize = DECLARED / 2;
+    let t = fresh_database().await;
+    let mut gw = Gateway::start_with(&t.url(), &with_shutdown_timeout(SHUTDOWN_TIMEOUT_S)).await;
+    let mut client = gw.client().await;
+    let blob = "x".repeat(1 << 20);
+    for n in 0..MESSAGES {
+        client.push(vec![item("big", "p", Some(&format!("m{n}")), json!({ "blob": blob }))]).await;
+    }
+
+    // A connection that never sends a byte, and one that stops within its
+    // header.
+    let mut silent = TcpStream::connect(gw.addr()).await.expect("connect");
+    let mut half_header = TcpStream::connect(gw.addr()).await.expect("connect");
+    half_header.write_all(b"POST /api/v1/push HTTP/1.1\r\nhost: sti").await.expect("send half a header");
+    // A push that sent half of its body and stops; its request is in flight
+    // once the gateway holds what it sent.
+    let _mid_body = push_part_of_a_body(&gw, DECLARED, SENT).await;
+    let held_by_the_body = 3.0 * SENT as f64;
+    wait_for_metric(&mut client, "stile_held_request_bytes", |held| held >= held_by_the_body).await;
+    // A read of 16 MB by a client that never reads it: its answer is in
+    // flight while the gateway holds it.
+    let socket = TcpSocket::new_v4().expect("a socket");
+    socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+    let mut never_reads = socket.connect(gw.addr()).await.expect("connect");
+    never_reads
+        .write_all(b"GET /api/v1/messages?queue=big&partition=p&limit=100 HTTP/1.1\r\nhost: stile\r\n\r\n")
+        .await
+        .expect("ask for the messages");
+    let answer_bytes = (MESSAGES << 20) as f64;
+    wait_for_metric(&mut client, "stile_held_request_bytes", |held| held >= held_by_the_body + answer_bytes).await;
+    // A keep-alive connection after one answered request.
+    let mut idle = TcpStream::connect(gw.addr()).await.expect("connect");
+    idle.write_all(b"GET /health HTTP/1.1\r\nhost: stile\r\n\r\n").await.expect("ask for health");
+    assert_eq!(read_answer(&mut idle).await, "HTTP/1.1 200 OK");
+
+    let signalled = Instant::now();
+    gw.process().terminate();
+    // The idle connections close at once, not at the shutdown timeout.
+    let at_once = Duration::from_secs(SHUTDOWN_TIMEOUT_S);
+    assert!(closes_within(&mut idle, at_once).await, "the idle keep-alive connection outlived the shutdown timeout");
+    assert!(closes_within(&mut silent, at_once).await, "the silent connection outlived the shutdown timeout");
+    let idle_closed_after = signalled.elapsed();
+
+    let status = gw.process().wait_exit(Duration::from_secs(60)).await;
+    let exited_after = signalled.elapsed();
+    let logs = gw.logs();
+    assert!(status.success(), "exit status {status}:\n{logs}");
+    assert!(
+        exited_after < Duration::from_secs(SHUTDOWN_TIMEOUT_S) + EXIT_GRACE,
+        "the gateway exited {exited_after:?} after SIGTERM, past the shutdown timeout and {EXIT_GRACE:?}:\n{logs}"
+    );
+    assert!(
+        exited_after >= Duration::from_secs(SHUTDOWN_TIMEOUT_S),
+        "the gateway exited {exited_after:?} after SIGTERM, before its requests in flight had their shutdown timeout:\n{logs}"
+    );
+    assert!(logs.contains("shutting down: no new connections"), "{logs}");
+    // At least the push mid-body and the unread answer were in flight; the
+    // half header may or may not have been read by the signal.
+    let aborted = connections_closed_at_the_timeout(&logs);
+    assert!(aborted.is_some_and(|n| (2..=3).contains(&n)), "closed at the timeout: {aborted:?}\n{logs}");
+    assert!(!logs.contains("exiting without them"), "the connections and shards stopped when aborted:\n{logs}");
+    assert!(logs.contains("stile stopped"), "{logs}");
+    assert!(closes_within(&mut half_header, Duration::from_secs(1)).await, "the half header's connection is still open");
+    println!(
+        "SIGTERM to exit: {exited_after:?} (shutdown timeout {SHUTDOWN_TIMEOUT_S} s); idle connections closed after {idle_closed_after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_during_the_shutdown_exits_at_once() {
+    let t = fresh_database().await;
+    let mut gw = Gateway::start_with(&t.url(), &with_shutdown_timeout(60)).await;
+    let mut client = gw.client().await;
+    // A push mid-body holds the shutdown until its body timeout (30 s).
+    let _mid_body = push_part_of_a_body(&gw, 4_000_000, 1_000_000).await;
+    wait_for_metric(&mut client, "stile_held_request_bytes", |held| held >= 3_000_000.0).await;
+
+    gw.process().terminate();
+    wait_for_log(&gw, "shutting down: no new connections").await;
+    let second = Instant::now();
+    gw.process().terminate();
+    let status = gw.process().wait_exit(Duration::from_secs(60)).await;
+    let exited_after = second.elapsed();
+    let logs = gw.logs();
+    assert!(exited_after < Duration::from_secs(3), "the gateway exited {exited_after:?} after the second SIGTERM:\n{logs}");
+    assert_eq!(status.code(), Some(143), "exit status {status}:\n{logs}");
+    assert!(logs.contains("SIGTERM during the shutdown: exiting at once"), "{logs}");
+    assert!(!logs.contains("stile stopped"), "{logs}");
+    println!("second SIGTERM to exit: {exited_after:?}");
 }
