@@ -218,6 +218,9 @@ impl Connections {
     }
 }
 
+/// How long the listener rests after a failed accept.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
+
 /// Accepts and serves connections until `shutdown` resolves.
 async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) -> Connections {
     let mut connections = Connections { tasks: JoinSet::new(), graceful: GracefulShutdown::new() };
@@ -228,7 +231,12 @@ async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Futur
                 let (stream, peer) = match accepted {
                     Ok(accepted) => accepted,
                     Err(error) => {
-                        tracing::warn!(error = %error, "accept failed");
+                        // Out of file descriptors (or another resource), the
+                        // next accept fails at once too: pausing keeps the
+                        // loop from spinning and flooding the log while the
+                        // open connections finish and free some.
+                        tracing::warn!(error = %error, "accept failed; pausing accepts for {} ms", ACCEPT_PAUSE.as_millis());
+                        tokio::time::sleep(ACCEPT_PAUSE).await;
                         continue;
                     }
                 };
