@@ -24,6 +24,7 @@ pub mod http;
 pub mod intake;
 pub mod json_string;
 pub mod kv;
+pub mod log_limit;
 pub mod message_id;
 pub mod metrics;
 pub mod openapi;

@@ -68,6 +68,7 @@ pub struct Metrics {
     transactions: Family<OutcomeLabel, Counter>,
     kv_operations: Family<OutcomeLabel, Counter>,
     timers_fired: Counter,
+    timers_set_aside: Counter,
     kv_purged: Counter,
 }
 
@@ -103,6 +104,7 @@ impl Metrics {
             transactions: Family::default(),
             kv_operations: Family::default(),
             timers_fired: Counter::default(),
+            timers_set_aside: Counter::default(),
             kv_purged: Counter::default(),
         };
         {
@@ -195,6 +197,11 @@ impl Metrics {
                 "Timers fired: their message pushed and their row deleted in one transaction",
                 metrics.timers_fired.clone(),
             );
+            r.register(
+                "timers_set_aside",
+                "Fires of a timer that failed on its own (its payload unreadable, its push refused); each sets the timer aside for a backoff while the others fire",
+                metrics.timers_set_aside.clone(),
+            );
             r.register("kv_purged", "Expired keys deleted in the background", metrics.kv_purged.clone());
             r.register(
                 "process_resident_memory_bytes",
@@ -218,6 +225,10 @@ impl Metrics {
 
     pub fn timers_fired(&self, count: u64) {
         self.timers_fired.inc_by(count);
+    }
+
+    pub fn timer_set_aside(&self) {
+        self.timers_set_aside.inc();
     }
 
     pub fn kv_purged(&self, count: u64) {

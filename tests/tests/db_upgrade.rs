@@ -297,3 +297,47 @@ async fn the_previous_builds_reads_of_options_and_timers_answer_as_this_builds()
     }
     assert_eq!(previous.0, serde_json::Value::Object(expected));
 }
+
+/// The previous build's firer takes due timers through
+/// `stile.timers_take_due(integer)` and sleeps by `stile.timers_next_due_ms()`:
+/// both answer as before, and the take keeps to this build's bound of bytes,
+/// so that the previous build's gateways cannot build a batch PostgreSQL
+/// refuses either.
+#[tokio::test]
+async fn the_previous_builds_firer_takes_due_timers_within_the_bound_of_bytes() {
+    let t = TestDb::new().await;
+    let c = t.client().await;
+    let large = format!("\"{}\"", "x".repeat(3 << 20));
+    for (key, payload) in [("a", large.as_str()), ("b", large.as_str()), ("c", "1")] {
+        c.execute(
+            "SELECT stile.timers_apply(jsonb_build_array(jsonb_build_object('op', 'schedule', 'queue', 'q', \
+             'timerKey', $1::text, 'partition', 'p0', 'txn', $1::text, 'messageId', gen_random_uuid(), \
+             'payload', $2::text, 'delayMs', -1000)))",
+            &[&key, &payload],
+        )
+        .await
+        .unwrap();
+    }
+    let due_ms: Option<i64> = c.query_one("SELECT stile.timers_next_due_ms()", &[]).await.unwrap().get(0);
+    assert_eq!(due_ms, Some(0));
+    let mut taken = Vec::new();
+    loop {
+        let rows = c
+            .query("SELECT queue, partition, txn, message_id, payload::text AS payload FROM stile.timers_take_due($1)", &[&512])
+            .await
+            .unwrap();
+        if rows.is_empty() {
+            break;
+        }
+        let bytes: usize = rows.iter().map(|r| r.get::<_, String>("payload").len()).sum();
+        assert!(rows.len() == 1 || bytes <= 4 << 20, "{} timers of {bytes} bytes in one take", rows.len());
+        let mut txns: Vec<String> = rows.iter().map(|r| r.get("txn")).collect();
+        txns.sort();
+        taken.push(txns);
+    }
+    // Each large timer alone or with the small one: never both large ones.
+    assert_eq!(taken.len(), 2, "{taken:?}");
+    assert_eq!(taken.concat().len(), 3, "{taken:?}");
+    let due_ms: Option<i64> = c.query_one("SELECT stile.timers_next_due_ms()", &[]).await.unwrap().get(0);
+    assert_eq!(due_ms, None);
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use hyper::Method;
 use serde_json::{Value, json};
-use stile_tests::gateway::{Client, Gateway, fresh_database};
+use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
 use stile_tests::pg::TestDb;
 
 fn b64(value: &Value) -> String {
@@ -324,7 +324,7 @@ async fn a_transaction_waits_for_a_fire_without_holding_its_partition() {
 #[tokio::test]
 async fn the_next_due_time_is_none_without_timers_and_the_earliest_with_them() {
     let t = TestDb::new().await;
-    assert_eq!(stile::db::timers::next_due(&t.db).await.unwrap(), None);
+    assert_eq!(stile::db::timers::next_due(&t.db, &[]).await.unwrap(), None);
     let c = t.client().await;
     for (key, delay_ms) in [("late", 3_600_000_i64), ("soon", 600_000)] {
         c.execute(
@@ -336,9 +336,156 @@ async fn the_next_due_time_is_none_without_timers_and_the_earliest_with_them() {
         .await
         .unwrap();
     }
-    let due = stile::db::timers::next_due(&t.db).await.unwrap().expect("two timers pending");
+    let due = stile::db::timers::next_due(&t.db, &[]).await.unwrap().expect("two timers pending");
     assert!(due > Duration::from_secs(590) && due <= Duration::from_secs(600), "{due:?}");
     c.execute("DELETE FROM stile.timers WHERE timer_key = 'soon'", &[]).await.unwrap();
-    let due = stile::db::timers::next_due(&t.db).await.unwrap().expect("one timer pending");
+    let due = stile::db::timers::next_due(&t.db, &[]).await.unwrap().expect("one timer pending");
     assert!(due > Duration::from_secs(3_590), "{due:?}");
+}
+
+/// The peak resident memory of a process (`VmHWM`), in bytes.
+fn peak_memory(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse().ok())
+        .expect("a VmHWM line");
+    kib * 1024
+}
+
+/// When each of a queue's messages was stored (PostgreSQL's clock, ms since
+/// the epoch), by transactionId, without reading the payloads.
+async fn stored_at(t: &TestDb, queue: &str) -> Vec<(String, i64)> {
+    let rows = t
+        .client()
+        .await
+        .query(
+            "SELECT transaction_id, floor(extract(epoch FROM created_at) * 1000)::bigint AS at \
+             FROM stile.messages WHERE queue = $1",
+            &[&queue],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| (r.get("transaction_id"), r.get("at"))).collect()
+}
+
+/// One client schedules 40 timers of 4 MB each (160 MB; one fire at a time
+/// at the firer's bound of bytes), all due at one moment; a bystander
+/// queue's small timers fall due one every 100 ms just after them. Each
+/// bystander timer fires within the firer's tick plus a second of its time,
+/// while the large ones are still firing; every large timer fires once; and
+/// the gateway's peak memory grows by less than its smallest budget for
+/// requests (64 MB) twice over, where one fire of all 40 would hold their
+/// 160 MB several times over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_timers_do_not_hold_up_another_queues_timers() {
+    const LARGE: usize = 40;
+    const LARGE_BYTES: usize = 4_000_000;
+    const BYSTANDERS: i64 = 10;
+    let t = fresh_database().await;
+    let options = GatewayOptions { body_limit: Some(6 << 20), ..GatewayOptions::default() };
+    let gw = Gateway::start_with(&t.url(), &options).await;
+    let mut c = gw.client().await;
+    let baseline = peak_memory(gw.pid());
+
+    // Letters that PostgreSQL cannot compress much, as a real payload's.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let letters: String = (0..LARGE_BYTES)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            char::from(b'a' + (seed % 26) as u8)
+        })
+        .collect();
+    let large = b64(&json!(letters));
+    for i in 0..LARGE {
+        let op = json!({"op": "schedule", "queue": "large", "timerKey": format!("l{i}"), "delayMs": 3_600_000,
+                        "txn": format!("l{i}"), "payload": large});
+        timers(&mut c, vec![op]).await;
+    }
+    // The large timers fall due together, two seconds from now; the
+    // bystander's from 100 ms after them, one every 100 ms.
+    t.client()
+        .await
+        .execute("UPDATE stile.timers SET deliver_at = clock_timestamp() + interval '2 s' WHERE queue = 'large'", &[])
+        .await
+        .unwrap();
+    let ops =
+        (0..BYSTANDERS).map(|i| schedule("bystander", &format!("b{i}"), 2_100 + i * 100, &format!("b{i}"), json!(i))).collect();
+    let scheduled = timers(&mut c, ops).await;
+    let deliver_at: std::collections::HashMap<String, i64> =
+        scheduled.iter().map(|r| (r["txn"].as_str().unwrap().to_owned(), r["deliverAt"].as_i64().unwrap())).collect();
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while stored_at(&t, "large").await.len() < LARGE || stored_at(&t, "bystander").await.len() < BYSTANDERS as usize {
+        assert!(Instant::now() < deadline, "the timers did not all fire");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let large_done = stored_at(&t, "large").await.iter().map(|(_, at)| *at).max().unwrap();
+    let bystanders = stored_at(&t, "bystander").await;
+    let mut late_ms: Vec<(String, i64)> = bystanders.iter().map(|(txn, at)| (txn.clone(), at - deliver_at[txn])).collect();
+    late_ms.sort();
+    let bound_ms = stile::timers::MAX_SLEEP.as_millis() as i64 + 1_000;
+    assert!(late_ms.iter().all(|(_, late)| (0..=bound_ms).contains(late)), "bystanders fired late (ms): {late_ms:?}");
+    assert!(
+        bystanders.iter().filter(|(_, at)| *at < large_done).count() >= 2,
+        "the bystanders fired while the large timers were still firing (else this shows nothing): {late_ms:?}, \
+         the last large one at {large_done}"
+    );
+    assert_eq!(pending(&t).await, 0);
+    let grew = peak_memory(gw.pid()).saturating_sub(baseline);
+    assert!(grew < 128 << 20, "the gateway's peak memory grew by {} MB", grew >> 20);
+    let metrics = c.metrics().await;
+    assert_eq!(metric(&metrics, "stile_timers_fired_total"), (LARGE + BYSTANDERS as usize) as f64);
+}
+
+/// Timers that cannot be fired (written by plain SQL: a payload no JSON
+/// reader takes, a queue name PostgreSQL's own check refuses) are set aside
+/// with their error, counted, and tried again later; every other timer fires
+/// on time beside them, and the log says so in a few lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_that_cannot_be_fired_is_set_aside_and_the_others_fire() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let sql = t.client().await;
+    for (queue, key, payload) in [("poison", "unreadable", "1e999"), (&*"q".repeat(300), "refused", "1")] {
+        sql.execute(
+            "INSERT INTO stile.timers (queue, timer_key, partition, txn, message_id, payload, deliver_at, scheduled_at) \
+             VALUES ($1, $2, 'p', $2, gen_random_uuid(), $3::text::json, now(), now())",
+            &[&queue, &key, &payload],
+        )
+        .await
+        .unwrap();
+    }
+    let ops = (0..20).map(|i| schedule(&format!("good{}", i % 4), &format!("k{i}"), 0, &format!("t{i}"), json!(i))).collect();
+    timers(&mut c, ops).await;
+    for queue in ["good0", "good1", "good2", "good3"] {
+        wait_delivered(&t, queue, 5).await;
+    }
+    // A timer scheduled after them fires on time.
+    let later = timers(&mut c, vec![schedule("later", "k", 1_000, "later", json!("on time"))]).await;
+    let deliver_at = later[0]["deliverAt"].as_i64().unwrap();
+    wait_delivered(&t, "later", 1).await;
+    let late_ms = stored_at(&t, "later").await[0].1 - deliver_at;
+    assert!(late_ms <= stile::timers::MAX_SLEEP.as_millis() as i64 + 1_000, "fired {late_ms} ms late");
+
+    let left: Vec<String> = sql
+        .query("SELECT timer_key FROM stile.timers ORDER BY timer_key", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get("timer_key"))
+        .collect();
+    assert_eq!(left, ["refused", "unreadable"], "the timers at fault stay pending, to be tried again");
+    let metrics = c.metrics().await;
+    assert!(metric(&metrics, "stile_timers_set_aside_total") >= 2.0, "{metrics}");
+    assert_eq!(metric(&metrics, "stile_timers_fired_total"), 21.0);
+    let logs = gw.logs();
+    let lines = logs.lines().filter(|line| line.contains("WARN") && line.contains("timer")).count();
+    assert!(lines <= 4, "{lines} warnings:\n{logs}");
+    assert!(logs.contains("a timer cannot be fired"), "{logs}");
 }

@@ -78,7 +78,8 @@ BEGIN
             ON CONFLICT (queue, timer_key) DO UPDATE
                SET partition = excluded.partition, txn = excluded.txn, message_id = excluded.message_id,
                    payload = excluded.payload, deliver_at = excluded.deliver_at, scheduled_at = excluded.scheduled_at
-            RETURNING t.*, (xmax = 0) INTO v_row.queue, v_row.timer_key, v_row.partition, v_row.txn, v_row.message_id,
+            RETURNING t.queue, t.timer_key, t.partition, t.txn, t.message_id, t.payload, t.deliver_at, t.scheduled_at,
+                      (xmax = 0) INTO v_row.queue, v_row.timer_key, v_row.partition, v_row.txn, v_row.message_id,
                                             v_row.payload, v_row.deliver_at, v_row.scheduled_at, v_inserted;
             v_results := v_results || jsonb_build_array(
                 jsonb_build_object('index', i, 'ok', true,
@@ -91,40 +92,129 @@ BEGIN
 END
 $$;
 
--- Takes up to p_limit due timers for this transaction: deletes their rows
--- and answers them, oldest due first. Rows another firer holds are skipped,
--- so each timer is taken once; the caller pushes the messages in the same
--- transaction, so a fire either commits both or neither.
-CREATE OR REPLACE FUNCTION stile.timers_take_due(p_limit integer)
-RETURNS SETOF stile.timers
+-- The due timers the next fire takes, locked for this transaction (rows
+-- another firer holds are skipped, so each timer is taken once): at most
+-- p_limit of them and, past the first, at most p_max_bytes of payload, so
+-- that a batch of large timers never builds a message PostgreSQL refuses nor
+-- holds more of the gateway's memory than that. The timers p_skip_* name
+-- (by queue, key and message id: ones the firer has set aside after they
+-- failed on their own) are left for later.
+--
+-- Queues take turns: each queue's earliest due timer comes before any
+-- queue's second, and so on (earliest due first within a turn), so a queue
+-- with many or large due timers delays another queue's timers by at most
+-- one batch. The turns are dealt among the 10,000 timers due the longest,
+-- which bounds the work of a choice when a backlog builds up.
+CREATE OR REPLACE FUNCTION stile.timers_claim_due(
+    p_limit integer,
+    p_max_bytes bigint,
+    p_skip_queues text[],
+    p_skip_keys text[],
+    p_skip_ids uuid[]
+)
+RETURNS TABLE (claimed_queue text, claimed_key text)
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_count integer := 0;
+    v_bytes bigint := 0;
+    v_size integer;
+    c record;
 BEGIN
-    RETURN QUERY
-        DELETE FROM stile.timers t
-         WHERE (t.queue, t.timer_key) IN (SELECT d.queue, d.timer_key FROM stile.timers d
-                                           WHERE d.deliver_at <= clock_timestamp()
-                                           ORDER BY d.deliver_at LIMIT p_limit
-                                           FOR UPDATE SKIP LOCKED)
-        RETURNING t.*;
+    FOR c IN
+        SELECT d.queue, d.timer_key, d.payload_bytes
+          FROM (SELECT o.queue, o.timer_key, o.deliver_at, o.payload_bytes,
+                       row_number() OVER (PARTITION BY o.queue ORDER BY o.deliver_at, o.timer_key) AS turn
+                  FROM (SELECT t.queue, t.timer_key, t.message_id, t.deliver_at, t.payload_bytes
+                          FROM stile.timers t
+                         WHERE t.deliver_at <= v_now
+                         ORDER BY t.deliver_at
+                         LIMIT 10000) o
+                 WHERE NOT EXISTS (SELECT 1 FROM unnest(p_skip_queues, p_skip_keys, p_skip_ids) s(queue, timer_key, message_id)
+                                    WHERE s.queue = o.queue AND s.timer_key = o.timer_key
+                                      AND s.message_id = o.message_id)) d
+         ORDER BY d.turn, d.deliver_at, d.queue, d.timer_key
+    LOOP
+        EXIT WHEN v_count >= p_limit;
+        -- A timer that would pass the bound waits for a later batch; a
+        -- smaller one further on may still fit in this one.
+        CONTINUE WHEN v_count > 0 AND v_bytes + c.payload_bytes > p_max_bytes;
+        SELECT t.payload_bytes INTO v_size
+          FROM stile.timers t
+         WHERE t.queue = c.queue AND t.timer_key = c.timer_key AND t.deliver_at <= v_now
+           FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        v_count := v_count + 1;
+        v_bytes := v_bytes + v_size;
+        claimed_queue := c.queue;
+        claimed_key := c.timer_key;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
--- Milliseconds until the next timer is due (0 when one is), null when none.
+-- Takes the due timers stile.timers_claim_due chooses for this
+-- transaction: deletes their rows and answers them. The caller pushes the
+-- messages in the same transaction, so a fire either commits both or
+-- neither.
+CREATE OR REPLACE FUNCTION stile.timers_take_due(
+    p_limit integer,
+    p_max_bytes bigint,
+    p_skip_queues text[],
+    p_skip_keys text[],
+    p_skip_ids uuid[]
+)
+RETURNS TABLE (queue text, timer_key text, partition text, txn text, message_id uuid, payload text)
+LANGUAGE sql
+AS $$
+    DELETE FROM stile.timers t
+     USING stile.timers_claim_due(p_limit, p_max_bytes, p_skip_queues, p_skip_keys, p_skip_ids) c
+     WHERE t.queue = c.claimed_queue AND t.timer_key = c.claimed_key
+    RETURNING t.queue, t.timer_key::text, t.partition, t.txn, t.message_id, t.payload::text
+$$;
+
+-- The previous build's signature, for its gateways during an upgrade: up to
+-- p_limit due timers, within the same bound of bytes as this build's firer.
+CREATE OR REPLACE FUNCTION stile.timers_take_due(p_limit integer)
+RETURNS SETOF stile.timers
+LANGUAGE sql
+AS $$
+    DELETE FROM stile.timers t
+     USING stile.timers_claim_due(p_limit, 4194304, '{}', '{}', '{}') c
+     WHERE t.queue = c.claimed_queue AND t.timer_key = c.claimed_key
+    RETURNING t.*
+$$;
+
+-- Milliseconds until the next timer is due (0 when one is), null when none,
+-- leaving out the timers p_skip_* name (see timers_claim_due).
 -- (greatest() ignores a NULL argument: the earliest time is tested first, or
 -- an empty table would read as a timer due now.)
-CREATE OR REPLACE FUNCTION stile.timers_next_due_ms()
+CREATE OR REPLACE FUNCTION stile.timers_next_due_ms(p_skip_queues text[], p_skip_keys text[], p_skip_ids uuid[])
 RETURNS bigint
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_next timestamptz := (SELECT min(t.deliver_at) FROM stile.timers t);
+    v_next timestamptz := (
+        SELECT t.deliver_at FROM stile.timers t
+         WHERE NOT EXISTS (SELECT 1 FROM unnest(p_skip_queues, p_skip_keys, p_skip_ids) s(queue, timer_key, message_id)
+                            WHERE s.queue = t.queue AND s.timer_key = t.timer_key AND s.message_id = t.message_id)
+         ORDER BY t.deliver_at
+         LIMIT 1);
 BEGIN
     IF v_next IS NULL THEN
         RETURN NULL;
     END IF;
     RETURN greatest(0, ceil(extract(epoch FROM v_next - clock_timestamp()) * 1000))::bigint;
 END
+$$;
+
+-- The same over every timer, the previous build's signature.
+CREATE OR REPLACE FUNCTION stile.timers_next_due_ms()
+RETURNS bigint
+LANGUAGE sql STABLE
+AS $$
+    SELECT stile.timers_next_due_ms('{}', '{}', '{}')
 $$;
 
 -- A page of a queue's pending timers, by key, after p_after.

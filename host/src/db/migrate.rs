@@ -25,6 +25,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 3, name: "kv and timers", sql: include_str!("../../sql/migrations/0003_kv_timers.sql") },
     Migration { version: 4, name: "log", sql: include_str!("../../sql/migrations/0004_log.sql") },
     Migration { version: 5, name: "partition window", sql: include_str!("../../sql/migrations/0005_partition_window.sql") },
+    Migration { version: 6, name: "timer sizes", sql: include_str!("../../sql/migrations/0006_timer_sizes.sql") },
 ];
 
 /// The functions (and views) the gateway and its readers use. Unlike the
@@ -64,13 +65,21 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client, migrations: &[Mi
     if version(client).await? >= latest && functions_current(client).await? {
         return Ok(());
     }
-    for m in migrations {
+    for (i, m) in migrations.iter().enumerate() {
         let tx = migrating(client).await?;
         tx.batch_execute(BOOTSTRAP).await?;
         let done = tx.query_opt("SELECT 1 FROM stile.schema_migrations WHERE version = $1", &[&m.version]).await?.is_some();
         if !done {
             apply(&tx, &format!("{} ({})", m.version, m.name), m.sql).await?;
             tx.execute("INSERT INTO stile.schema_migrations (version, name) VALUES ($1, $2)", &[&m.version, &m.name]).await?;
+            // The last migration commits together with this build's
+            // functions: the previous build's functions, which gateways of
+            // both builds call during an upgrade, never run against the
+            // schema it changed (a column added to a table they read with
+            // `*` would shift what they read).
+            if i + 1 == migrations.len() {
+                apply_functions(&tx).await?;
+            }
         }
         tx.commit().await?;
     }
@@ -86,13 +95,20 @@ pub(super) async fn run(client: &mut deadpool_postgres::Client, migrations: &[Mi
         tx.commit().await?;
         return Ok(());
     }
+    apply_functions(&tx).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Applies this build's functions in `tx` unless they are on record already,
+/// and records them.
+async fn apply_functions(tx: &tokio_postgres::Transaction<'_>) -> Result<(), DbError> {
     let checksum = checksum(FUNCTIONS);
     let recorded = tx.query_opt("SELECT 1 FROM stile.function_sets WHERE checksum = $1", &[&checksum]).await?.is_some();
     if !recorded {
-        apply(&tx, "functions", FUNCTIONS).await?;
+        apply(tx, "functions", FUNCTIONS).await?;
         tx.execute("INSERT INTO stile.function_sets (checksum) VALUES ($1)", &[&checksum]).await?;
     }
-    tx.commit().await?;
     Ok(())
 }
 

@@ -78,11 +78,46 @@ pub struct TimerPage {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DueTimer {
     pub queue: String,
+    pub timer_key: String,
     pub partition: String,
     pub txn: String,
     pub message_id: Uuid,
     /// The payload's JSON text.
     pub payload: String,
+}
+
+/// A timer named by its queue, key and message id: a re-schedule gives it
+/// another message id, and so makes it another timer here.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TimerId {
+    pub queue: String,
+    pub timer_key: String,
+    pub message_id: Uuid,
+}
+
+impl DueTimer {
+    pub fn id(&self) -> TimerId {
+        TimerId { queue: self.queue.clone(), timer_key: self.timer_key.clone(), message_id: self.message_id }
+    }
+}
+
+/// What a fire takes: at most `count` timers and, past the first, at most
+/// `bytes` of payload, none of those `skip` names.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    pub count: i32,
+    pub bytes: i64,
+    pub skip: &'a [TimerId],
+}
+
+/// The three arrays `stile.timers_take_due` and `stile.timers_next_due_ms`
+/// take the timers to leave out as.
+fn skip_arrays(skip: &[TimerId]) -> (Vec<&str>, Vec<&str>, Vec<Uuid>) {
+    (
+        skip.iter().map(|id| id.queue.as_str()).collect(),
+        skip.iter().map(|id| id.timer_key.as_str()).collect(),
+        skip.iter().map(|id| id.message_id).collect(),
+    )
 }
 
 /// Applies `calls` in the open transaction of `client` (or as a statement of
@@ -139,19 +174,24 @@ pub async fn list(db: &Db, queue: &str, after: Option<&Key>, limit: u32) -> Resu
         .map_err(|e| DbError::Protocol(format!("stile.timers_list answered a page of another shape: {e}")))
 }
 
-/// Takes up to `limit` due timers in the open transaction of `client`: their
+/// Takes a batch of due timers in the open transaction of `client`: their
 /// rows are deleted when it commits.
-pub async fn take_due(client: &impl GenericClient, limit: i32) -> Result<Vec<DueTimer>, DbError> {
+pub async fn take_due(client: &impl GenericClient, batch: Batch<'_>) -> Result<Vec<DueTimer>, DbError> {
     let stmt = client
-        .prepare_cached("SELECT queue, partition, txn, message_id, payload::text AS payload FROM stile.timers_take_due($1)")
+        .prepare_cached(
+            "SELECT queue, timer_key, partition, txn, message_id, payload \
+             FROM stile.timers_take_due($1, $2, $3, $4, $5)",
+        )
         .await?;
+    let (queues, keys, ids) = skip_arrays(batch.skip);
     client
-        .query(&stmt, &[&limit])
+        .query(&stmt, &[&batch.count, &batch.bytes, &queues, &keys, &ids])
         .await?
         .iter()
         .map(|row| {
             Ok(DueTimer {
                 queue: row.try_get("queue")?,
+                timer_key: row.try_get("timer_key")?,
                 partition: row.try_get("partition")?,
                 txn: row.try_get("txn")?,
                 message_id: row.try_get("message_id")?,
@@ -161,11 +201,15 @@ pub async fn take_due(client: &impl GenericClient, limit: i32) -> Result<Vec<Due
         .collect()
 }
 
-/// How long until the next timer is due (zero when one is); `None` when no
-/// timer is pending.
-pub async fn next_due(db: &Db) -> Result<Option<Duration>, DbError> {
+/// How long until the next timer is due (zero when one is), leaving out
+/// those `skip` names; `None` when no other timer is pending.
+pub async fn next_due(db: &Db, skip: &[TimerId]) -> Result<Option<Duration>, DbError> {
     let client = db.pool().get().await?;
-    let ms: Option<i64> = client.query_one("SELECT stile.timers_next_due_ms() AS due_in_ms", &[]).await?.try_get("due_in_ms")?;
+    let (queues, keys, ids) = skip_arrays(skip);
+    let ms: Option<i64> = client
+        .query_one("SELECT stile.timers_next_due_ms($1, $2, $3) AS due_in_ms", &[&queues, &keys, &ids])
+        .await?
+        .try_get("due_in_ms")?;
     Ok(ms.map(|ms| Duration::from_millis(ms.max(0) as u64)))
 }
 
