@@ -59,6 +59,9 @@ pub struct HttpConfig {
     /// served (with CORS headers); `*` allows every origin. Empty: a request
     /// that carries another origin is refused.
     pub cors_origins: Vec<String>,
+    /// The names besides IP addresses and `localhost` that a browser's
+    /// request may carry in `Host` (see [`allowed_host`]).
+    pub allowed_hosts: crate::allowed_hosts::AllowedHosts,
     /// The largest answer one read may return, in bytes.
     pub answer_limit: usize,
     /// How long the gateway waits for a client.
@@ -72,6 +75,7 @@ impl Default for HttpConfig {
             max_items: 10_000,
             bearer_token: None,
             cors_origins: Vec::new(),
+            allowed_hosts: crate::allowed_hosts::AllowedHosts::default(),
             answer_limit: 32 << 20,
             limits: ConnectionLimits::default(),
         }
@@ -101,7 +105,7 @@ pub async fn handle(
     phase: ConnectionPhase,
 ) -> Result<Response<HeldBody>, Infallible> {
     phase.serving();
-    let origin = match browser_origin(&app.config, &request) {
+    let origin = match screened(&app.config, &request) {
         Ok(origin) => origin,
         Err(refused) => return Ok(answer(&app, refused.into_response(), Held::default(), &phase)),
     };
@@ -616,6 +620,37 @@ fn concat(mut chunks: Vec<Bytes>, total: usize) -> Bytes {
         joined.extend_from_slice(&chunk);
     }
     joined.freeze()
+}
+
+/// The checks of a request's header made before it is routed: answers the
+/// origin to serve it with CORS headers, as [`browser_origin`] does.
+fn screened(config: &HttpConfig, request: &Request<Incoming>) -> Result<Option<HeaderValue>, Failure> {
+    allowed_host(config, request)?;
+    browser_origin(config, request)
+}
+
+/// Refuses a browser's request (one that carries `Origin` or a
+/// `Sec-Fetch-*` header, which browsers add and other clients do not) whose
+/// `Host` is not a name the gateway is known by: a page that rebinds its own
+/// name to the gateway's address sends its own name there, and its origin
+/// then matches `Host`. Tools that send neither header are unaffected,
+/// whatever name they use.
+fn allowed_host(config: &HttpConfig, request: &Request<Incoming>) -> Result<(), Failure> {
+    let headers = request.headers();
+    let browser = headers.contains_key(ORIGIN)
+        || ["sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest"].iter().any(|name| headers.contains_key(*name));
+    let Some(host) = headers.get(HOST).filter(|_| browser) else { return Ok(()) };
+    let text = host.to_str().unwrap_or("");
+    if config.allowed_hosts.allows(text) {
+        return Ok(());
+    }
+    Err(Failure::Status(
+        StatusCode::FORBIDDEN,
+        format!(
+            "host: {host:?} is not a name browsers may reach this gateway by (a page whose name points at it); \
+             allow it with --allowed-hosts"
+        ),
+    ))
 }
 
 /// The origin of a browser's request, when it is one the gateway serves

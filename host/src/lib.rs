@@ -11,6 +11,7 @@
 //! its SQL in `host/sql/`; [`router`] is the table of routes.
 #![forbid(unsafe_code)]
 
+pub mod allowed_hosts;
 pub mod api;
 pub mod cache;
 pub mod component;

@@ -66,6 +66,13 @@ struct ServeArgs {
     /// refused with 403.
     #[arg(long = "cors-origin", env = "STILE_CORS_ORIGINS", value_delimiter = ',')]
     cors_origins: Vec<String>,
+    /// A name browsers may reach the gateway by (`stile.example.com`),
+    /// besides IP addresses and `localhost`; repeat it, or give a
+    /// comma-separated list; `*` for any. A request that carries `Origin` or
+    /// `Sec-Fetch-*` with a `Host` of another name is refused with 403 (a page
+    /// whose own name was pointed at the gateway: DNS rebinding).
+    #[arg(long = "allowed-hosts", env = "STILE_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
     /// Largest answer one read may return (messages, KV reads), in bytes;
     /// past it a read answers 413, or a shorter page of messages.
     #[arg(long, env = "STILE_ANSWER_LIMIT", default_value_t = HttpConfig::default().answer_limit)]
@@ -150,6 +157,7 @@ fn main() -> std::process::ExitCode {
             max_items: args.max_items,
             bearer_token: args.bearer_token,
             cors_origins: args.cors_origins.into_iter().map(|o| o.trim().to_owned()).filter(|o| !o.is_empty()).collect(),
+            allowed_hosts: stile::allowed_hosts::AllowedHosts::new(args.allowed_hosts),
             answer_limit: args.answer_limit,
             limits: ConnectionLimits {
                 idle: seconds("--idle-timeout", args.idle_timeout),

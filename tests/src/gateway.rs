@@ -623,8 +623,9 @@ impl Client {
         self
     }
 
-    /// One exchange; `headers` are added as given. Errors are transport
-    /// errors only (any status is a reply).
+    /// One exchange; `headers` are added as given (a `host` among them
+    /// replaces the gateway's address). Errors are transport errors only
+    /// (any status is a reply).
     pub async fn send(
         &mut self,
         method: Method,
@@ -632,7 +633,11 @@ impl Client {
         body: impl Into<Bytes>,
         headers: &[(&str, &str)],
     ) -> anyhow::Result<Reply> {
-        let mut request = Request::builder().method(method).uri(path).header(HOST, self.addr.to_string());
+        let mut request = Request::builder().method(method).uri(path);
+        // A `host` among `headers` stands in for the gateway's address.
+        if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+            request = request.header(HOST, self.addr.to_string());
+        }
         if let Some(token) = &self.bearer {
             request = request.header(AUTHORIZATION, format!("Bearer {token}"));
         }

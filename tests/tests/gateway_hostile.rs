@@ -388,6 +388,82 @@ async fn a_page_of_another_site_cannot_write_and_command_line_habits_still_can()
     assert_eq!(stored, ["app", "curl", "own"], "nothing of a refused request is written");
 }
 
+/// DNS rebinding: a page whose own name was pointed at the gateway's
+/// address sends that name in `Host` and its own origin in `Origin`, which
+/// match. Its name is not one the gateway is known by, so its requests are
+/// refused, writes and same-origin reads alike; addresses, `localhost`,
+/// names given with `--allowed-hosts`, and tools that send no browser header
+/// are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_whose_name_was_rebound_to_the_gateway_is_refused() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut client = gw.client().await;
+    let port = gw.addr().port();
+    let rebound_host = format!("attacker.example:{port}");
+    let rebound_origin = format!("http://attacker.example:{port}");
+    let rebound = push_with(
+        &mut client,
+        "rebound",
+        &[("host", &rebound_host), ("origin", &rebound_origin), ("content-type", "text/plain")],
+    )
+    .await;
+    assert_eq!(rebound.status, 403, "{}", rebound.text());
+    assert!(rebound.error().starts_with("host:") && rebound.error().contains("--allowed-hosts"), "{}", rebound.error());
+    // A same-origin fetch of the rebound page sends no Origin with a GET,
+    // but a browser marks it with Sec-Fetch-*.
+    let read = client
+        .send(
+            Method::GET,
+            "/api/v1/messages?queue=web&partition=p",
+            "",
+            &[("host", &rebound_host), ("sec-fetch-site", "same-origin")],
+        )
+        .await
+        .expect("an answer");
+    assert_eq!(read.status, 403, "{}", read.text());
+    for name in [format!("localhost:{port}"), format!("127.0.0.1:{port}"), format!("LocalHost.:{port}")] {
+        let origin = format!("http://{name}");
+        let own = push_with(&mut client, &format!("own {name}"), &[("host", &name), ("origin", &origin)]).await;
+        assert_eq!(own.status, 201, "{name}: {}", own.text());
+    }
+    let tool = push_with(&mut client, "tool", &[("host", &rebound_host)]).await;
+    assert_eq!(tool.status, 201, "a client that is not a browser, by any name: {}", tool.text());
+
+    let named = Gateway::start_with(&t.url(), &options(&["--allowed-hosts", "queue.internal, attacker.example"])).await;
+    let mut client = named.client().await;
+    let port = named.addr().port();
+    let allowed_host = format!("attacker.example:{port}");
+    let allowed_origin = format!("http://attacker.example:{port}");
+    let allowed = push_with(&mut client, "allowed", &[("host", &allowed_host), ("origin", &allowed_origin)]).await;
+    assert_eq!(allowed.status, 201, "{}", allowed.text());
+    let other_host = format!("other.example:{port}");
+    let other_origin = format!("http://other.example:{port}");
+    let other = push_with(&mut client, "other", &[("host", &other_host), ("origin", &other_origin)]).await;
+    assert_eq!(other.status, 403, "{}", other.text());
+
+    let mut stored: Vec<String> = t
+        .client()
+        .await
+        .query("SELECT transaction_id FROM stile.messages", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get("transaction_id"))
+        .collect();
+    stored.sort();
+    let first = gw.addr().port();
+    let mut expected = vec![
+        "allowed".to_owned(),
+        format!("own 127.0.0.1:{first}"),
+        format!("own LocalHost.:{first}"),
+        format!("own localhost:{first}"),
+        "tool".to_owned(),
+    ];
+    expected.sort();
+    assert_eq!(stored, expected, "nothing of a refused request is written");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_that_differ_only_in_unicode_normalization_are_one_queue() {
     let t = fresh_database().await;
