@@ -36,6 +36,7 @@ use uuid::Uuid;
 use crate::cache::ShardCache;
 use crate::db::{ClockFloor, Db, DbError, HydrationRows, MessageOutcome, OwnPool, SegmentOutcome, SegmentPush};
 use crate::fusion::{CoalescedSegment, Message, PartitionQueue, Slot};
+use crate::log_limit::{self, Limited};
 use crate::metrics::Metrics;
 use crate::payload::Payload;
 
@@ -919,10 +920,13 @@ impl Worker {
     ) {
         for id in locked_elsewhere {
             if let Some(partition) = self.partitions.get_mut(id) {
-                if partition.contended.is_none() {
+                if partition.contended.is_none()
+                    && let Some(occurrences) = PARTITION_LOCKED.occurred()
+                {
                     tracing::warn!(
                         shard = self.id,
                         partition_id = id,
+                        occurrences,
                         "partition row locked by another session; pushing it on its own until it is free"
                     );
                 }
@@ -1025,8 +1029,20 @@ impl Worker {
         }
         let rows = match result {
             Ok(rows) => rows,
+            // A partition a transaction created is planned for before the
+            // transaction commits, and its row is not visible here until
+            // then (nor ever, if it rolls back): nothing is wrong, and the
+            // next push hydrates it.
+            Err(DbError::NotFound(_)) => return,
             Err(error) => {
-                tracing::warn!(partition_id, error = %error, "hydration failed; the partition is probed in full until it succeeds");
+                if let Some(occurrences) = HYDRATION_FAILED.occurred() {
+                    tracing::warn!(
+                        partition_id,
+                        error = %error,
+                        occurrences,
+                        "hydration failed; the partition is probed in full until it succeeds"
+                    );
+                }
                 return;
             }
         };
@@ -1187,10 +1203,14 @@ async fn push_around_locks(
     let mut partition_ids: Vec<i64> = pushes.iter().map(|p| p.partition_id).collect();
     partition_ids.dedup();
     let locked_elsewhere = db.partitions_locked_elsewhere(&partition_ids).await.unwrap_or_else(|asking| {
-        tracing::warn!(error = %asking, "cannot tell which partitions are locked elsewhere");
+        if let Some(occurrences) = LOCKS_UNKNOWN.occurred() {
+            tracing::warn!(error = %asking, occurrences, "cannot tell which partitions are locked elsewhere");
+        }
         Vec::new()
     });
-    tracing::warn!(error = %error, segments = pushes.len(), ?locked_elsewhere, "a bundle's lock wait timed out");
+    if let Some(occurrences) = LOCK_WAIT_TIMED_OUT.occurred() {
+        tracing::warn!(error = %error, segments = pushes.len(), ?locked_elsewhere, occurrences, "a bundle's lock wait timed out");
+    }
     if locked_elsewhere.is_empty() {
         return Pushed { results: vec![Err(PushFailure::from(error)); pushes.len()], locked_elsewhere };
     }
@@ -1219,6 +1239,16 @@ async fn push_around_locks(
     Pushed { results, locked_elsewhere }
 }
 
+/// One warning per interval for each cause a client's requests can repeat
+/// at will (see [`crate::log_limit`]).
+static HYDRATION_FAILED: Limited = Limited::new(log_limit::INTERVAL);
+static PARTITION_LOCKED: Limited = Limited::new(log_limit::INTERVAL);
+static LOCKS_UNKNOWN: Limited = Limited::new(log_limit::INTERVAL);
+static LOCK_WAIT_TIMED_OUT: Limited = Limited::new(log_limit::INTERVAL);
+static BUNDLE_FAILED: Limited = Limited::new(log_limit::INTERVAL);
+static BUNDLE_REFUSED: Limited = Limited::new(log_limit::INTERVAL);
+static SEGMENT_REFUSED: Limited = Limited::new(log_limit::INTERVAL);
+
 /// After PostgreSQL refused a bundle with `error`: when the refusal may
 /// belong to one segment (anything but the database being unavailable),
 /// each segment is pushed again on its own, in order, so that a message
@@ -1235,17 +1265,23 @@ async fn push_one_by_one(
     error: &DbError,
 ) -> Vec<Result<SegmentOutcome, PushFailure>> {
     if error.is_unavailable() || pushes.len() == 1 {
-        tracing::warn!(error = %error, segments = pushes.len(), "bundle failed");
+        if let Some(occurrences) = BUNDLE_FAILED.occurred() {
+            tracing::warn!(error = %error, segments = pushes.len(), occurrences, "bundle failed");
+        }
         return vec![Err(PushFailure::from(error)); pushes.len()];
     }
-    tracing::warn!(error = %error, segments = pushes.len(), "bundle refused; pushing its segments one by one");
+    if let Some(occurrences) = BUNDLE_REFUSED.occurred() {
+        tracing::warn!(error = %error, segments = pushes.len(), occurrences, "bundle refused; pushing its segments one by one");
+    }
     metrics.bundle_split();
     let mut results = Vec::with_capacity(pushes.len());
     for push in pushes {
         let result = match db.push_bundle(clock_floor, std::slice::from_ref(push)).await {
             Ok(mut outcomes) => Ok(outcomes.pop().expect("the push function answers its one segment")),
             Err(error) => {
-                tracing::warn!(error = %error, partition_id = push.partition_id, "segment refused");
+                if let Some(occurrences) = SEGMENT_REFUSED.occurred() {
+                    tracing::warn!(error = %error, partition_id = push.partition_id, occurrences, "segment refused");
+                }
                 Err(PushFailure::from(&error))
             }
         };

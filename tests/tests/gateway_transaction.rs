@@ -339,3 +339,52 @@ async fn concurrent_transactions_naming_shared_rows_in_any_order_all_commit() {
         .get("n");
     assert_eq!((pushed, stored), ((CLIENTS * TRANSACTIONS * 2) as i64, (CLIENTS * TRANSACTIONS * 2) as i64));
 }
+
+/// One request that names 10,000 new partitions costs the log a few lines
+/// at most, whichever way it comes: a transaction (its partitions are
+/// planned for before it commits, so their rows cannot be read yet), a plain
+/// push, and timers fired into new partitions. The gateway is stopped
+/// before its log is read, so that every line it would write is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_naming_ten_thousand_new_partitions_write_a_few_log_lines() {
+    const PARTITIONS: usize = 10_000;
+    let t = fresh_database().await;
+    let mut gw = Gateway::start(&t.url()).await;
+    let mut c = gw.client().await;
+    let items = |queue: &str| -> Vec<Value> {
+        (0..PARTITIONS)
+            .map(|i| json!({"queue": queue, "partition": format!("p{i}"), "transactionId": format!("t{i}"), "payload": i}))
+            .collect()
+    };
+    let answer = transaction(&mut c, json!({"operations": [{"type": "push", "items": items("wide")}]})).await;
+    assert_eq!(answer["success"], json!(true), "{answer}");
+    let pushed = c.push(items("pushed")).await;
+    assert!(pushed.iter().all(|a| a.queued()), "every item of the push was stored");
+    let timers: Vec<Value> = (0..200)
+        .map(|i| {
+            json!({"op": "schedule", "queue": "fired", "timerKey": format!("k{i}"), "partition": format!("p{i}"), "delayMs": 0,
+                   "txn": format!("t{i}"), "payload": "MQ=="})
+        })
+        .collect();
+    let reply = c.post("/api/v1/timers", json!({ "operations": timers }).to_string()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let c2 = t.client().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let fired: i64 =
+            c2.query_one("SELECT count(*) AS n FROM stile.messages WHERE queue = 'fired'", &[]).await.unwrap().get("n");
+        if fired == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{fired} of 200 timers fired");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(counts(&t).await.messages, 2 * PARTITIONS as i64 + 200);
+
+    gw.process().terminate();
+    gw.process().wait_exit(std::time::Duration::from_secs(60)).await;
+    let logs = gw.logs();
+    let warnings: Vec<&str> = logs.lines().filter(|line| line.contains("WARN") || line.contains("ERROR")).collect();
+    assert!(warnings.len() <= 3, "{} warnings:\n{}", warnings.len(), warnings.join("\n"));
+    assert!(logs.len() < 16 << 10, "the log holds {} bytes", logs.len());
+}
