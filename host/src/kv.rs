@@ -271,9 +271,10 @@ struct WireOp {
     after: Option<Key>,
     limit: Option<i64>,
     keys_only: Option<bool>,
-    /// `Some(Null)` for `"value": null`, a value like any other.
-    #[serde(default, deserialize_with = "api::present")]
-    value: Option<Value>,
+    /// `Some("null")` for `"value": null`, a value like any other; the text
+    /// as sent, so that its numbers can be checked as written.
+    #[serde(default, deserialize_with = "present_text")]
+    value: Option<Box<RawValue>>,
     ttl_seconds: Option<TtlSeconds>,
     /// Present at all (`null` too), for the operations that take none.
     #[serde(default, deserialize_with = "api::present")]
@@ -371,16 +372,98 @@ fn keys_of(at: &str, keys: Option<Vec<Key>>) -> Result<Vec<Key>, BadRequest> {
     }
 }
 
-/// The value to store: at most [`MAX_VALUE_BYTES`] as JSON text, and no
-/// U+0000 (jsonb cannot hold it).
-fn value_of(at: &str, value: Option<Value>) -> Result<Value, BadRequest> {
-    let value = value.ok_or_else(|| BadRequest::new(format!("{at}.value: missing")))?;
+/// A field's JSON text, present (`null` too).
+fn present_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(deserializer).map(Some)
+}
+
+/// The value to store: at most [`MAX_VALUE_BYTES`] as JSON text, no U+0000
+/// (jsonb cannot hold it), and no number it would not keep as written.
+fn value_of(at: &str, value: Option<Box<RawValue>>) -> Result<Value, BadRequest> {
+    let text = value.ok_or_else(|| BadRequest::new(format!("{at}.value: missing")))?;
+    if let Some(number) = numbers(text.get()).find(|number| !kept_as_written(number)) {
+        return Err(BadRequest::new(format!(
+            "{at}.value: the number {number} would not be kept as written: a value's numbers are read as 64-bit \
+             integers (-9223372036854775808 to 18446744073709551615) or doubles (up to 17 significant digits, \
+             magnitudes up to about 1.8e308); send it as a string"
+        )));
+    }
+    let value: Value = serde_json::from_str(text.get()).map_err(|e| BadRequest::new(format!("{at}.value: {e}")))?;
     let bytes = value.to_string().len();
     if bytes > MAX_VALUE_BYTES {
         return Err(BadRequest::too_large(format!("{at}.value: {bytes} bytes exceed the limit of {MAX_VALUE_BYTES}")));
     }
     api::refuse_nul_in(format_args!("{at}.value"), &value)?;
     Ok(value)
+}
+
+/// The number tokens of a JSON text, in order (none inside strings).
+fn numbers(json: &str) -> impl Iterator<Item = &str> {
+    let bytes = json.as_bytes();
+    let mut at = 0;
+    let mut in_string = false;
+    std::iter::from_fn(move || {
+        while at < bytes.len() {
+            let byte = bytes[at];
+            if in_string {
+                match byte {
+                    b'\\' => at += 1,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                at += 1;
+            } else if byte == b'"' {
+                in_string = true;
+                at += 1;
+            } else if byte == b'-' || byte.is_ascii_digit() {
+                let start = at;
+                while at < bytes.len() && matches!(bytes[at], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                    at += 1;
+                }
+                return Some(&json[start..at]);
+            } else {
+                at += 1;
+            }
+        }
+        None
+    })
+}
+
+/// Whether a JSON number reads back as the number written once stored: the
+/// gateway reads a value's numbers as 64-bit integers, or else as the
+/// nearest double, and writes them back as such (as does its read of them
+/// from PostgreSQL). `0.1` and `1e2` are kept (the double's shortest digits
+/// are the same number); `123456789012345678901234567890` and
+/// `0.12345678901234567890` are not.
+fn kept_as_written(number: &str) -> bool {
+    let Ok(read) = serde_json::from_str::<Value>(number) else { return false };
+    decimal(number).is_some_and(|written| decimal(&read.to_string()) == Some(written))
+}
+
+/// A JSON number's value as sign, significant digits (no leading or
+/// trailing zeros) and the power of ten of the last digit; zero has no
+/// digits and no sign.
+fn decimal(number: &str) -> Option<(bool, String, i64)> {
+    let (negative, rest) = match number.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, number),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(e) => (&rest[..e], rest[e + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits: String = whole.chars().chain(fraction.chars()).collect();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let significant = digits.trim_start_matches('0');
+    let trimmed = significant.trim_end_matches('0');
+    if trimmed.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    let power = exponent - fraction.len() as i64 + (significant.len() - trimmed.len()) as i64;
+    Some((negative, trimmed.to_owned(), power))
 }
 
 /// Exactly one of `ttlSeconds` and `forever: true`.
@@ -560,6 +643,80 @@ mod tests {
             let back: Value = serde_json::from_str(&plain).unwrap_or_else(|error| panic!("{plain}: {error}"));
             assert_eq!(back.as_f64(), Some(x), "{plain}");
             assert!(batch(json!([{"op": "put", "ns": "o", "key": "k", "value": [{"x": x}], "forever": true}])).is_ok(), "{x}");
+        }
+    }
+
+    #[test]
+    fn numbers_are_found_outside_strings_only() {
+        let found: Vec<&str> = numbers(r#"{"a-1": [1, -2.5e+3, "3 \" 4", {"b": 0}], "c": 1E2}"#).collect();
+        assert_eq!(found, ["1", "-2.5e+3", "0", "1E2"]);
+    }
+
+    #[test]
+    fn a_number_is_kept_when_it_reads_back_as_written() {
+        for kept in [
+            "0",
+            "-0",
+            "0.0",
+            "1e2",
+            "100",
+            "1.0",
+            "0.1",
+            "-0.1",
+            "1.5e-7",
+            "9007199254740993",
+            "-9223372036854775808",
+            "18446744073709551615",
+            "1e300",
+            "1.7976931348623157e308",
+            "123456789012345680000000000000",
+        ] {
+            assert!(kept_as_written(kept), "{kept}");
+        }
+        for changed in [
+            "123456789012345678901234567890",
+            "18446744073709551616",
+            "-9223372036854775809",
+            "0.12345678901234567890",
+            "1e999",
+            "2.00000000000000000001",
+        ] {
+            assert!(!kept_as_written(changed), "{changed}");
+        }
+        let body =
+            br#"[{"op": "put", "ns": "o", "key": "k", "value": {"n": [1, 123456789012345678901234567890]}, "forever": true}]"#;
+        let refused = parse_batch(body).unwrap_err();
+        assert!(
+            refused.message.starts_with("operations[0].value: the number 123456789012345678901234567890"),
+            "{}",
+            refused.message
+        );
+    }
+
+    proptest::proptest! {
+        /// Every 64-bit integer and every double, as serde_json writes it, is
+        /// kept; an integer past 64 bits, or a decimal, of more than 17
+        /// significant digits (no double has more) is refused.
+        #[test]
+        fn integers_and_doubles_are_kept_longer_digits_refused(
+            signed in proptest::num::i64::ANY,
+            unsigned in proptest::num::u64::ANY,
+            double in proptest::num::f64::NORMAL | proptest::num::f64::SUBNORMAL | proptest::num::f64::ZERO,
+            integer in "[1-9][0-9]{19,40}[1-9]",
+            digits in "[1-9][0-9]{16,40}[1-9]",
+            exponent in -400i64..400,
+            negative in proptest::bool::ANY,
+        ) {
+            proptest::prop_assert!(kept_as_written(&signed.to_string()));
+            proptest::prop_assert!(kept_as_written(&unsigned.to_string()));
+            proptest::prop_assert!(kept_as_written(&serde_json::to_string(&double).unwrap()));
+            let sign = if negative { "-" } else { "" };
+            // Past 20 digits an integer is past 64 bits, and more digits
+            // than a double has.
+            let long = format!("{sign}{integer}");
+            proptest::prop_assert!(!kept_as_written(&long), "{}", long);
+            let long = format!("{sign}{}.{}e{exponent}", &digits[..1], &digits[1..]);
+            proptest::prop_assert!(!kept_as_written(&long), "{}", long);
         }
     }
 

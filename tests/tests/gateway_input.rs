@@ -176,6 +176,13 @@ fn bad_cases() -> Vec<Case> {
             "operations[0].value: must not contain",
         ),
         case(
+            "a KV value with a number past 64 bits",
+            "/api/v1/kv",
+            r#"{"operations": [{"op": "put", "ns": "n", "key": "k", "value": 123456789012345678901234567890, "forever": true}]}"#,
+            400,
+            "operations[0].value: the number 123456789012345678901234567890 would not be kept as written",
+        ),
+        case(
             "a payload nested past the limit",
             "/api/v1/push",
             format!(r#"{{"items":[{{"queue":"deep","payload":{}1{}}}]}}"#, "[".repeat(128), "]".repeat(128)),

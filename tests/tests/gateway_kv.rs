@@ -355,3 +355,120 @@ async fn a_prefix_page_holds_exactly_the_keys_starting_with_the_prefix() {
         }
     }
 }
+
+/// A number of a value, as the test writes it: an integer near an edge of
+/// what a value holds, or one of more digits than any double has.
+#[derive(Clone, Debug)]
+enum Number {
+    Integer(i128),
+    Long(String),
+}
+
+impl Number {
+    fn text(&self) -> String {
+        match self {
+            Number::Integer(n) => n.to_string(),
+            Number::Long(digits) => digits.clone(),
+        }
+    }
+
+    /// The model: a value holds the 64-bit integers, signed or not; an
+    /// integer past them, or one of more significant digits than a double
+    /// has, would come back changed, and is refused.
+    fn stored(&self) -> bool {
+        matches!(self, Number::Integer(n) if (i128::from(i64::MIN)..=i128::from(u64::MAX)).contains(n))
+    }
+}
+
+fn numbers() -> impl proptest::strategy::Strategy<Value = Number> {
+    use proptest::prelude::*;
+    let edges = [i128::from(i64::MIN), i128::from(i64::MAX), i128::from(u64::MAX), 1 << 53, -(1 << 53), 0, 1 << 63, 1 << 64];
+    prop_oneof![
+        (proptest::sample::select(edges.to_vec()), -3i128..=3).prop_map(|(edge, offset)| Number::Integer(edge + offset)),
+        proptest::num::i64::ANY.prop_map(|n| Number::Integer(n.into())),
+        "-?[1-9][0-9]{19,30}[1-9]".prop_map(Number::Long),
+    ]
+}
+
+fn deltas() -> impl proptest::strategy::Strategy<Value = i64> {
+    use proptest::prelude::*;
+    prop_oneof![Just(1i64), Just(-1), Just(i64::MAX), Just(i64::MIN), -1_000i64..1_000]
+}
+
+/// Numbers at the edges of what a value holds (the 64-bit bounds, 2^53,
+/// beyond them, more digits than a double has), against the model: a value
+/// is stored and read back with its number as written, or refused with a
+/// 400 naming it and nothing written; an `incr` of a stored number applies
+/// exactly when the sum stays within 64 bits (`limit` otherwise), and is
+/// refused (`type`) on a number past them.
+#[test]
+fn numbers_are_kept_as_written_or_refused_and_counters_stay_exact() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (t, gw) = rt.block_on(async {
+        let t = fresh_database().await;
+        let gw = Gateway::start(&t.url()).await;
+        (t, gw)
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let config = proptest::test_runner::Config { cases: 128, failure_persistence: None, ..Default::default() };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    runner
+        .run(&(numbers(), deltas()), |(number, delta)| {
+            let key = format!("n{}", case.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            let text = number.text();
+            rt.block_on(async {
+                let mut c = gw.client().await;
+                let body = format!(
+                    r#"{{"operations": [{{"op": "put", "ns": "edges", "key": "{key}", "value": {{"n": {text}}}, "forever": true}}]}}"#
+                );
+                let put = c.post("/api/v1/kv", body).await;
+                let got = one(&mut c, json!({"op": "get", "ns": "edges", "key": key})).await;
+                if !number.stored() {
+                    assert_eq!(put.status, 400, "{text}: {}", put.text());
+                    assert!(put.error().starts_with(&format!("operations[0].value: the number {text}")), "{}", put.error());
+                    assert_eq!(got["found"], json!(false), "nothing of a refused call is written");
+                    return;
+                }
+                assert_eq!(put.status, 200, "{text}: {}", put.text());
+                assert_eq!(got["value"]["n"].to_string(), text, "read back as written");
+
+                // The counter: a number of its own under another key.
+                let counter = format!("{key}.counter");
+                let body = format!(
+                    r#"{{"operations": [{{"op": "put", "ns": "edges", "key": "{counter}", "value": {text}, "forever": true}}]}}"#
+                );
+                assert_eq!(c.post("/api/v1/kv", body).await.status, 200);
+                let incr = one(&mut c, json!({"op": "incr", "ns": "edges", "key": counter, "delta": delta, "forever": true})).await;
+                let Number::Integer(n) = number else { unreachable!("only integers are stored") };
+                let sum = n + i128::from(delta);
+                let read = one(&mut c, json!({"op": "get", "ns": "edges", "key": counter})).await["value"].to_string();
+                if n > i128::from(i64::MAX) {
+                    assert_eq!((&incr["applied"], &incr["reason"]), (&json!(false), &json!("type")), "{text} + {delta}: {incr}");
+                    assert_eq!(read, text);
+                } else if sum < i128::from(i64::MIN) || sum > i128::from(i64::MAX) {
+                    assert_eq!((&incr["applied"], &incr["reason"]), (&json!(false), &json!("limit")), "{text} + {delta}: {incr}");
+                    assert_eq!(read, text);
+                } else {
+                    assert_eq!(incr["applied"], json!(true), "{text} + {delta}: {incr}");
+                    assert_eq!((incr["value"].to_string(), read), (sum.to_string(), sum.to_string()), "{text} + {delta}");
+                }
+            });
+            Ok(())
+        })
+        .unwrap();
+
+    // A number written past what a value holds by something other than a
+    // gateway (plain SQL) reads back as PostgreSQL holds it, rounded, and is
+    // no counter: an increment that nobody would see is refused.
+    rt.block_on(async {
+        let mut c = gw.client().await;
+        one(&mut c, json!({"op": "put", "ns": "edges", "key": "big", "value": 1, "forever": true})).await;
+        t.client()
+            .await
+            .execute("UPDATE stile.kv SET value = '123456789012345678901234567890' WHERE ns = 'edges' AND key = 'big'", &[])
+            .await
+            .unwrap();
+        let incr = one(&mut c, json!({"op": "incr", "ns": "edges", "key": "big", "delta": 1, "forever": true})).await;
+        assert_eq!((&incr["applied"], &incr["reason"]), (&json!(false), &json!("type")), "{incr}");
+    });
+}

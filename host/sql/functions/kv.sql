@@ -270,15 +270,24 @@ BEGIN
         WHEN v_kind = 'delete' AND NOT v_live THEN 'absent'
         WHEN v_kind = 'check' AND v_expect IS NULL AND NOT v_live THEN 'absent'
     END;
+    -- A counter is an integer a bigint holds: the gateway reads a value's
+    -- numbers as 64-bit integers or doubles, so a sum outside that range
+    -- would be stored but read back rounded (an increment nobody sees).
+    -- Such a value is not a counter ('type'), and a sum that would leave the
+    -- range is past a limit ('limit').
     IF v_reason IS NULL AND v_kind = 'incr' THEN
         IF v_live AND jsonb_typeof(v_row.value) IS DISTINCT FROM 'number' THEN
             v_reason := 'type';
         ELSE
-            v_sum := CASE WHEN v_live THEN (v_row.value #>> '{}')::numeric ELSE 0 END + (p_op ->> 'delta')::numeric;
-            IF v_sum <> trunc(v_sum) AND v_live THEN
+            v_sum := CASE WHEN v_live THEN (v_row.value #>> '{}')::numeric ELSE 0 END;
+            IF v_sum <> trunc(v_sum) OR v_sum NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
                 v_reason := 'type';
-            ELSIF v_sum < (p_op ->> 'min')::numeric OR v_sum > (p_op ->> 'max')::numeric THEN
-                v_reason := 'limit';
+            ELSE
+                v_sum := v_sum + (p_op ->> 'delta')::numeric;
+                IF v_sum < (p_op ->> 'min')::numeric OR v_sum > (p_op ->> 'max')::numeric
+                   OR v_sum NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
+                    v_reason := 'limit';
+                END IF;
             END IF;
         END IF;
     END IF;
