@@ -5,6 +5,10 @@ use serde_json::{Map, Value};
 use crate::api::{BadRequest, name_value, nul_refused, parse_json, refuse_nul_in, type_name};
 pub use crate::db::ConfigureMode;
 
+/// The longest option value: a string's UTF-8 bytes (as long as a queue's
+/// name may be), or any other value's JSON text.
+pub const MAX_OPTION_BYTES: usize = crate::api::MAX_NAME_BYTES;
+
 /// A validated `POST /api/v1/configure` body. Option values are checked by
 /// the database layer, which owns the list of known keys.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,6 +53,16 @@ pub fn parse_configure(body: &[u8]) -> Result<ConfigureRequest, BadRequest> {
         if key.contains('\0') {
             return Err(nul_refused("options"));
         }
+        // Every option is a number, a boolean or a short string (`namespace`,
+        // `task`), stored with the queue and echoed by every configure: a
+        // longer one is a mistake, or a client's way to grow the table.
+        let bytes = match value {
+            Value::String(text) => text.len(),
+            other => other.to_string().len(),
+        };
+        if bytes > MAX_OPTION_BYTES {
+            return Err(BadRequest::new(format!("options.{key}: {bytes} bytes exceed the limit of {MAX_OPTION_BYTES}")));
+        }
     }
     Ok(ConfigureRequest { queue, options, mode })
 }
@@ -71,5 +85,13 @@ mod tests {
         assert!(error.message.starts_with("colour:"), "{}", error.message);
         let error = parse_configure(br#"{"queue":"q","mode":"upsert"}"#).unwrap_err();
         assert!(error.message.starts_with("mode:"), "{}", error.message);
+        let long = format!(r#"{{"queue":"q","namespace":"{}"}}"#, "n".repeat(256));
+        let error = parse_configure(long.as_bytes()).unwrap_err();
+        assert_eq!(error.message, "options.namespace: 256 bytes exceed the limit of 255");
+        let at_limit = format!(r#"{{"queue":"q","options":{{"task":"{}"}}}}"#, "t".repeat(255));
+        assert!(parse_configure(at_limit.as_bytes()).is_ok());
+        let long = format!(r#"{{"queue":"q","options":{{"dedupWindowSeconds":"{}"}}}}"#, "1".repeat(300));
+        let error = parse_configure(long.as_bytes()).unwrap_err();
+        assert!(error.message.starts_with("options.dedupWindowSeconds: 300 bytes exceed"), "{}", error.message);
     }
 }

@@ -625,8 +625,36 @@ fn concat(mut chunks: Vec<Bytes>, total: usize) -> Bytes {
 /// The checks of a request's header made before it is routed: answers the
 /// origin to serve it with CORS headers, as [`browser_origin`] does.
 fn screened(config: &HttpConfig, request: &Request<Incoming>) -> Result<Option<HeaderValue>, Failure> {
+    for name in [HOST, ORIGIN, CONTENT_ENCODING] {
+        sent_once(request, &name)?;
+    }
+    content_coding(request)?;
     allowed_host(config, request)?;
     browser_origin(config, request)
+}
+
+/// Refuses a header a request may carry once, sent more than once: the
+/// checks here read one of its values, and whatever reads it next might take
+/// another.
+fn sent_once(request: &Request<Incoming>, name: &hyper::header::HeaderName) -> Result<(), Failure> {
+    let count = request.headers().get_all(name).iter().count();
+    if count > 1 {
+        return Err(BadRequest::new(format!("{name}: sent {count} times; send it once")).into());
+    }
+    Ok(())
+}
+
+/// Refuses a request whose `Content-Encoding` is not `identity`, the only
+/// coding the gateway reads: a compressed body read as JSON would be refused
+/// as malformed, which names the wrong cause.
+fn content_coding(request: &Request<Incoming>) -> Result<(), Failure> {
+    match request.headers().get(CONTENT_ENCODING) {
+        Some(coding) if !is_identity(coding) => Err(Failure::Status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("content-encoding: {coding:?} is not supported; send the body uncompressed"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses a browser's request (one that carries `Origin` or a

@@ -25,13 +25,21 @@ pub(crate) const MAX_DEPTH: usize = 127;
 /// syntax error by message alone (its error codes are private), and such a
 /// payload is well-formed JSON: the answer names the limit instead.
 pub fn refusal(error: &serde_json::Error) -> String {
-    if error.to_string().starts_with("recursion limit exceeded") {
+    if error.to_string().starts_with(HOLDS_NUL) {
+        let (line, column) = (error.line(), error.column());
+        format!("must not contain the character U+0000, which PostgreSQL's jsonb cannot hold (at line {line} column {column})")
+    } else if error.to_string().starts_with("recursion limit exceeded") {
         let (line, column) = (error.line(), error.column());
         format!("nests arrays and objects deeper than {MAX_DEPTH} levels (at line {line} column {column})")
     } else {
         format!("malformed JSON ({error})")
     }
 }
+
+/// The error [`Payload::checked`] gives a string (or key) holding U+0000:
+/// PostgreSQL's `json` keeps the escape as text, but its `jsonb` cannot hold
+/// the character, so a reader's `payload::jsonb` over the queue would fail.
+const HOLDS_NUL: &str = "a string holds U+0000";
 
 /// A validated JSON value, as text.
 #[derive(Clone)]
@@ -45,7 +53,7 @@ impl Payload {
 
     /// A copy of `raw` once it has passed what a full decode checks: every
     /// escape names a character (no lone surrogate) and every number fits a
-    /// double. Capturing a raw value checks only the syntax; PostgreSQL's
+    /// double; and no string or key holds U+0000. Capturing a raw value checks only the syntax; PostgreSQL's
     /// `json` would take the rest, but a reader decoding it could not.
     pub fn checked(raw: &RawValue) -> Result<Payload, serde_json::Error> {
         serde_json::from_str::<Checked>(raw.get())?;
@@ -135,7 +143,10 @@ impl<'de> Visitor<'de> for CheckedVisitor {
         Ok(Checked)
     }
 
-    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Checked, E> {
+        if text.contains('\0') {
+            return Err(E::custom(HOLDS_NUL));
+        }
         Ok(Checked)
     }
 
@@ -186,6 +197,10 @@ mod tests {
         assert!(check(&nested(MAX_DEPTH)).is_ok());
         let deep = check(&nested(MAX_DEPTH + 1)).unwrap_err();
         assert_eq!(refusal(&deep), format!("nests arrays and objects deeper than {MAX_DEPTH} levels (at line 1 column 128)"));
+        let nul = check(r#"{"a": ["x\u0000"]}"#).unwrap_err();
+        assert!(refusal(&nul).starts_with("must not contain the character U+0000"), "{}", refusal(&nul));
+        let nul_key = check(r#"{"\u0000": 1}"#).unwrap_err();
+        assert!(refusal(&nul_key).starts_with("must not contain the character U+0000"), "{}", refusal(&nul_key));
         let out_of_range = check("[1e400]").unwrap_err();
         assert!(refusal(&out_of_range).starts_with("malformed JSON (number out of range"), "{}", refusal(&out_of_range));
     }

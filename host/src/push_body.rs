@@ -133,7 +133,7 @@ enum Check {
     Syntax,
     /// Everything a full decode checks: every escape names a character (no
     /// lone surrogate), every number fits a double, nesting within
-    /// serde_json's limit.
+    /// serde_json's limit; and no string holds U+0000.
     Decode,
 }
 
@@ -269,6 +269,9 @@ impl<'a> Reader<'a> {
                     return Some(());
                 }
                 match unit {
+                    // U+0000, which PostgreSQL's jsonb (and text) cannot
+                    // hold: a SQL reader's `payload::jsonb` would fail.
+                    0 => None,
                     0xDC00..=0xDFFF => None,
                     0xD800..=0xDBFF => {
                         self.expect(b'\\')?;

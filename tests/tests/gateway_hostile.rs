@@ -464,6 +464,42 @@ async fn a_page_whose_name_was_rebound_to_the_gateway_is_refused() {
     assert_eq!(stored, expected, "nothing of a refused request is written");
 }
 
+/// Headers a request may carry once, sent twice, are refused naming the
+/// header: the gateway's checks read one value, and something behind it
+/// might read the other (`identity` then `gzip`, or a harmless origin then
+/// another).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_sent_twice_is_refused_naming_it() {
+    let t = fresh_database().await;
+    let gw = Gateway::start(&t.url()).await;
+    let mut client = gw.client().await;
+    let own_origin = format!("http://{}", gw.addr());
+    let cases: [(&str, [(&str, &str); 2]); 3] = [
+        ("content-encoding", [("content-encoding", "identity"), ("content-encoding", "gzip")]),
+        ("origin", [("origin", &own_origin), ("origin", "http://evil.example")]),
+        ("origin", [("origin", &own_origin), ("origin", &own_origin)]),
+    ];
+    for (i, (header, headers)) in cases.iter().enumerate() {
+        let reply = push_with(&mut client, &format!("twice-{i}"), headers).await;
+        assert_eq!(reply.status, 400, "{headers:?}: {}", reply.text());
+        assert!(reply.error().starts_with(&format!("{header}: sent 2 times")), "{}", reply.error());
+    }
+    let gzip = push_with(&mut client, "gzip", &[("content-encoding", "identity, gzip")]).await;
+    assert_eq!(gzip.status, 415, "{}", gzip.text());
+    let once = push_with(&mut client, "once", &[("content-encoding", "identity"), ("origin", &own_origin)]).await;
+    assert_eq!(once.status, 201, "{}", once.text());
+    let stored: Vec<String> = t
+        .client()
+        .await
+        .query("SELECT transaction_id FROM stile.messages", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get("transaction_id"))
+        .collect();
+    assert_eq!(stored, ["once"], "nothing of a refused request is written");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_that_differ_only_in_unicode_normalization_are_one_queue() {
     let t = fresh_database().await;

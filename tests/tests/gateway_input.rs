@@ -182,6 +182,31 @@ fn bad_cases() -> Vec<Case> {
             400,
             "operations[0].value: the number 123456789012345678901234567890 would not be kept as written",
         ),
+        push_item("a payload of U+0000", json!({"queue": "bad-nul", "payload": "\u{0}"}), "items[0].payload: must not contain the character U+0000"),
+        push_item(
+            "a payload with U+0000 in a key of an object",
+            json!({"queue": "bad-nul", "payload": {"a": [{"b\u{0}": 1}]}}),
+            "items[0].payload: must not contain the character U+0000",
+        ),
+        case(
+            "a timer's payload with U+0000",
+            "/api/v1/timers",
+            json!({"operations": [{"op": "schedule", "queue": "bad-timer", "timerKey": "k", "delayMs": 1,
+                                    "payload": STANDARD.encode(r#"["\u0000"]"#)}]})
+            .to_string(),
+            400,
+            "operations[0].payload: the decoded bytes: must not contain the character U+0000",
+        ),
+        configure(
+            "a namespace of 100 KB",
+            json!({"queue": "bad-cfg", "namespace": "n".repeat(100_000)}),
+            "options.namespace: 100000 bytes exceed the limit of 255",
+        ),
+        configure(
+            "a task of 256 bytes",
+            json!({"queue": "bad-cfg", "options": {"task": "t".repeat(256)}}),
+            "options.task: 256 bytes exceed the limit of 255",
+        ),
         case(
             "a payload nested past the limit",
             "/api/v1/push",
