@@ -31,8 +31,11 @@
 //! guest traps (`--inject-guest-traps-per-million`), a tiny cache budget
 //! (`--cache-mb 1`, so partitions are suppressed and evicted), a wall clock
 //! ahead of or behind PostgreSQL's by more than the window that jumps mid-run
-//! (libfaketime, [`ClockSkew`]). A gateway that exits without being killed is
-//! reported and restarted.
+//! (libfaketime, [`ClockSkew`]). An overload: for a spell, a flood of
+//! connections of the checker's own pushes large batches to every gateway as
+//! fast as answers come, against a small `--max-held-mb`, so that the
+//! gateways shed the flood and the producers alike (`overload`). A gateway
+//! that exits without being killed is reported and restarted.
 //!
 //! # The checks (every result, none sampled)
 //!
@@ -53,7 +56,9 @@
 //!   written more than the window apart, for every window that may have been
 //!   in force while its attempt ran (configure times are recorded, each as
 //!   the interval from sending it to its answer);
-//! - no id answered `queued` twice (two message ids) inside the window.
+//! - no id answered `queued` twice (two message ids) inside the window;
+//! - nothing of a push the gateway shed (503 for want of room, its body
+//!   unread) is stored.
 //!
 //! On a violation the report prints the history of that id: every attempt
 //! that carried it (gateway, incarnation, times, answer) and its stored
@@ -64,7 +69,7 @@
 //! This file: the configuration, the records of the workload, the report and
 //! the run. `nodes` starts and kills gateway processes; `workload` is the
 //! producers; `faults` the schedule and the faults; `replicated` the primary
-//! and standby the failover acts on; `scrape` reads each
+//! and standby the failover acts on; `overload` the flood; `scrape` reads each
 //! gateway's `/metrics` during the run (`vitals` summarises them); `truth`
 //! reads what PostgreSQL stored; `checks` holds every answer against it. The
 //! clock fault itself is `crate::clock`.
@@ -82,6 +87,7 @@ mod checks;
 mod db_faults;
 mod faults;
 mod nodes;
+mod overload;
 mod replicated;
 mod scrape;
 mod servers;
@@ -98,6 +104,7 @@ pub use db_faults::{
 use db_faults::{DbRig, InForce};
 use faults::{Admin, FaultLog, PgTargets, failover_report, run_faults, schedule};
 use nodes::{AddressBook, Node};
+pub use overload::{OverloadFault, OverloadReport};
 use replicated::{FailoverTimes, ReplicatedPair};
 use scrape::{Scrape, scrape_all, scrape_loop, summarise_scrapes};
 pub use steps::StepsReport;
@@ -276,6 +283,9 @@ pub struct Faults {
     /// server of the checker's own on a tmpfs (which takes root), filled with
     /// ballast for the spell.
     pub disk_full: Option<Spell>,
+    /// A flood of large pushes against every gateway, which then run with a
+    /// small `--max-held-mb` for the whole run (see `checker/overload.rs`).
+    pub overload: Option<OverloadFault>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -524,6 +534,8 @@ pub struct Report {
     pub db_faults: Vec<DbFaultReport>,
     /// What the fault proxy relayed, when there was one.
     pub proxy: Option<crate::proxy::ProxyStats>,
+    /// What the overload spell did, when there was one.
+    pub overload: Option<OverloadReport>,
 }
 
 /// What the failover fault did, and how the gateways answered around it.
@@ -658,6 +670,9 @@ impl fmt::Display for Report {
         for fault in &self.db_faults {
             writeln!(f, "fault: {fault}")?;
         }
+        if let Some(overload) = &self.overload {
+            writeln!(f, "{overload}")?;
+        }
         if let Some(proxy) = &self.proxy {
             writeln!(
                 f,
@@ -763,6 +778,9 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     if !described.is_empty() {
         let _ = write!(report.summary, ", {described}");
     }
+    if let Some(overload) = &config.faults.overload {
+        let _ = write!(report.summary, ", {}", overload.describe());
+    }
     if let Some(pair) = &pair {
         let _ = write!(
             report.summary,
@@ -773,7 +791,8 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     }
 
     // Gateways.
-    let mut nodes: Vec<Node> = config.gateways.iter().map(|spec| Node::new(spec.clone(), &database_url)).collect();
+    let mut nodes: Vec<Node> =
+        config.gateways.iter().map(|spec| Node::new(with_intake_budget(spec, &config.faults), &database_url)).collect();
     let book: AddressBook = Arc::new(RwLock::new(vec![None; nodes.len()]));
     for (index, node) in nodes.iter_mut().enumerate() {
         let addr = node.start().await?;
@@ -833,6 +852,12 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let mut steps = Vec::new();
     for task in steps_producers {
         steps.extend(task.await.context("a steps producer panicked")?);
+    }
+    if let Some(flood) = faults.flood.take() {
+        let times = (flood.started_us, flood.ended_us.unwrap_or_else(now_us));
+        let tally = flood.finish().await;
+        let described = config.faults.overload.as_ref().map(OverloadFault::describe).unwrap_or_default();
+        report.overload = Some(OverloadReport::of(described, tally, times, &requests, t0));
     }
     // Every gateway up again for the last scrape.
     for (index, node) in nodes.iter_mut().enumerate() {
@@ -896,6 +921,17 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     }
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// A gateway's spec with the overload fault's `--max-held-mb`, unless it
+/// names its own.
+fn with_intake_budget(spec: &GatewaySpec, faults: &Faults) -> GatewaySpec {
+    match &faults.overload {
+        Some(overload) if !spec.args.iter().any(|arg| arg == "--max-held-mb") => {
+            spec.clone().flag("max-held-mb", overload.max_held_mb)
+        }
+        _ => spec.clone(),
+    }
 }
 
 /// Microseconds since the epoch of an `Instant`, by the wall clock now.

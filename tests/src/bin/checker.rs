@@ -4,8 +4,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, ValueEnum};
-use stile_tests::checker::{self, ClockSkew, Config, Faults, GatewaySpec, ShortWindow};
+use stile_tests::checker::{self, ClockSkew, Config, Faults, GatewaySpec, OverloadFault, ShortWindow, Spell};
 use stile_tests::pg::TestDb;
 
 /// The exactness checker, long form: producers push through several gateway
@@ -13,8 +14,12 @@ use stile_tests::pg::TestDb;
 /// restarted, PostgreSQL is restarted, one gateway traps guest calls, one has
 /// a tiny cache budget, two have wall clocks two windows ahead of and behind
 /// PostgreSQL's that swap halfway (libfaketime: `apt-get install faketime`),
-/// and the window is shortened and lengthened; then every answer is checked
-/// against PostgreSQL. Exits 1 on any violation, 2 when it could not run.
+/// the window is shortened and lengthened, and for a spell a flood of 256
+/// connections pushes large batches to every gateway, which then shed it and
+/// the producers with 503s (the gateways run with `--max-held-mb 8`); then
+/// every answer is checked against PostgreSQL. Exits 1 on any violation (or
+/// on an overload finding: a flood push answered other than 201 or 503), 2
+/// when it could not run.
 ///
 /// ```text
 /// cargo build --release --workspace
@@ -28,7 +33,7 @@ use stile_tests::pg::TestDb;
 /// ```text
 /// checker --roles plain --gateways 1 --cache-mb 64 --partitions 100000 \
 ///     --hot-partitions 2000 --seconds 300 --rate 0 --producers 32 \
-///     --kill-every 0 --pg-restart-every 0 --short-window 0
+///     --kill-every 0 --pg-restart-every 0 --short-window 0 --overload off
 /// ```
 ///
 /// Soak: the highest rate the machine sustains (closed loop), no faults, a
@@ -36,7 +41,8 @@ use stile_tests::pg::TestDb;
 ///
 /// ```text
 /// checker --roles plain --gateways 1 --seconds 300 --window 60 --rate 0 \
-///     --producers 32 --kill-every 0 --pg-restart-every 0 --short-window 0
+///     --producers 32 --kill-every 0 --pg-restart-every 0 --short-window 0 \
+///     --overload off
 /// ```
 ///
 /// The PostgreSQL restart is `pg_ctlcluster --skip-systemctl-redirect VERSION
@@ -52,9 +58,18 @@ use stile_tests::pg::TestDb;
 ///
 /// ```text
 /// checker --seconds 150 --kill-every 0 --pg-restart-every 0 --short-window 0 \
+///     --overload off \
 ///     --db-faults latency@10+20,loss@40+20,partition@70+20,reset@100,reset@110,reset@120
 /// checker --seconds 150 --kill-every 0 --pg-restart-every 0 --short-window 0 \
+///     --overload off \
 ///     --db-faults connections@10+20,row-lock@40+20,table-lock@70+20,disk-full@100+20
+/// ```
+///
+/// The overload alone, its flood from 20 s to 50 s:
+///
+/// ```text
+/// checker --seconds 80 --kill-every 0 --pg-restart-every 0 --short-window 0 \
+///     --overload 20+30
 /// ```
 #[derive(Debug, Parser)]
 #[command(name = "checker", verbatim_doc_comment)]
@@ -178,6 +193,30 @@ struct Args {
     /// 20 with --db-faults, else 0).
     #[arg(long)]
     probe_rate: Option<f64>,
+    /// The overload's spell, AT+SECONDS (when into the run, how long), or
+    /// `off`: a flood of connections pushing large batches to every gateway
+    /// as fast as answers come, a 503 sent again at once, to a queue of its
+    /// own (default: from 70 % of the run for a tenth of it, at most 20 s).
+    #[arg(long)]
+    overload: Option<String>,
+    /// The flood's connections, spread over the gateways.
+    #[arg(long, default_value_t = 256)]
+    overload_connections: usize,
+    /// Items per flood push, comma-separated, one size per connection in
+    /// turn. 1,000 items of 100 bytes are a large request to the gateway,
+    /// 250 a small one, which also takes the room it keeps for small pushes
+    /// such as the producers'.
+    #[arg(long, default_value = "1000,250")]
+    overload_items: String,
+    /// Bytes of each flood item's payload.
+    #[arg(long, default_value_t = 100)]
+    overload_payload_bytes: usize,
+    /// Every gateway's `--max-held-mb` with an overload spell (without one,
+    /// the gateway's default). The flood's default connections ask about
+    /// 30 MB of each of three gateways at once: 8 MiB holds and queues 16 MiB
+    /// and sheds the rest, 16 MiB would take them all in.
+    #[arg(long, default_value_t = 8)]
+    max_held_mb: u64,
 }
 
 /// What the gateways of a run are.
@@ -218,7 +257,12 @@ fn main() -> ExitCode {
         };
         println!("{report}");
         drop(test_db);
-        if report.violations.is_empty() && report.unexpected_exits.is_empty() && report.fault_errors.is_empty() {
+        let overload_findings = report.overload.as_ref().map_or(0, |overload| overload.findings);
+        if report.violations.is_empty()
+            && report.unexpected_exits.is_empty()
+            && report.fault_errors.is_empty()
+            && overload_findings == 0
+        {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
@@ -254,6 +298,7 @@ fn config(args: &Args, url: &str) -> anyhow::Result<Config> {
         failover_at: seconds(args.failover_at),
         ..Faults::default()
     };
+    config.faults.overload = overload(args).context("--overload")?;
     config.probe_rate = args.probe_rate.unwrap_or(if args.db_faults.is_some() { 20.0 } else { 0.0 });
     if let Some(list) = &args.db_faults {
         let latency = Duration::from_millis(args.latency_ms);
@@ -264,6 +309,37 @@ fn config(args: &Args, url: &str) -> anyhow::Result<Config> {
             .map_err(|error| error.context(format!("--db-faults {list}")))?;
     }
     Ok(config)
+}
+
+/// The overload fault the flags describe, if any.
+fn overload(args: &Args) -> anyhow::Result<Option<OverloadFault>> {
+    let spell = match args.overload.as_deref().map(str::trim) {
+        Some("off") => return Ok(None),
+        Some(text) => {
+            let (at, lasting) = text.split_once('+').ok_or_else(|| anyhow!("{text}: expected AT+SECONDS or off"))?;
+            let number = |text: &str| text.trim().parse::<f64>().with_context(|| format!("{text:?} is not a number of seconds"));
+            Spell::new(number(at)?, number(lasting)?)
+        }
+        None => Spell::new(args.seconds * 0.7, (args.seconds * 0.1).min(20.0)),
+    };
+    if spell.lasting.is_zero() {
+        bail!("the overload needs a duration");
+    }
+    let items: Vec<usize> = args
+        .overload_items
+        .split(',')
+        .map(|n| n.trim().parse::<usize>().with_context(|| format!("--overload-items: {n:?} is not a number")))
+        .collect::<anyhow::Result<_>>()?;
+    if items.is_empty() || items.contains(&0) || args.overload_connections == 0 {
+        bail!("the flood needs connections and items in every push");
+    }
+    Ok(Some(OverloadFault {
+        spell,
+        connections: args.overload_connections,
+        items,
+        payload_bytes: args.overload_payload_bytes,
+        max_held_mb: args.max_held_mb,
+    }))
 }
 
 fn gateways(args: &Args) -> Vec<GatewaySpec> {
@@ -323,7 +399,7 @@ mod tests {
     fn the_flags_are_consistent_and_listed_by_help() {
         Args::command().debug_assert();
         let help = Args::command().render_long_help().to_string();
-        for flag in ["--db-faults", "--failover-at", "--clocks", "--probe-rate"] {
+        for flag in ["--db-faults", "--failover-at", "--clocks", "--probe-rate", "--overload", "--max-held-mb"] {
             assert!(help.contains(flag), "--help does not list {flag}");
         }
     }
@@ -338,6 +414,23 @@ mod tests {
         assert_eq!(skews, [false, true, true]);
         let bad = Args::parse_from(["checker", "--clocks", "-,nonsense"]);
         assert!(config_error(&bad).contains("--clocks"), "{}", config_error(&bad));
+    }
+
+    #[test]
+    fn the_overload_is_a_default_fault_that_can_be_moved_or_turned_off() {
+        let args = Args::parse_from(["checker", "--seconds", "300"]);
+        let overload = config(&args, "postgres://x").expect("a config").faults.overload.expect("on by default");
+        assert_eq!(overload.spell, Spell::new(210.0, 20.0));
+        assert_eq!((overload.connections, overload.items.as_slice(), overload.max_held_mb), (256, &[1_000, 250][..], 8));
+        let args = Args::parse_from(["checker", "--overload", "20+30", "--overload-items", "500", "--max-held-mb", "8"]);
+        let overload = config(&args, "postgres://x").expect("a config").faults.overload.expect("asked for");
+        assert_eq!((overload.spell, overload.items.as_slice(), overload.max_held_mb), (Spell::new(20.0, 30.0), &[500][..], 8));
+        let off = Args::parse_from(["checker", "--overload", "off"]);
+        assert!(config(&off, "postgres://x").expect("a config").faults.overload.is_none());
+        for bad in ["20", "20+0", "x+5"] {
+            let args = Args::parse_from(["checker", "--overload", bad]);
+            assert!(config_error(&args).contains("--overload"), "{bad}: {}", config_error(&args));
+        }
     }
 
     fn config_error(args: &Args) -> String {

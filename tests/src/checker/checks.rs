@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use uuid::Uuid;
 
+use super::overload::is_shed;
 use super::truth::{Copy, Stored};
 use super::vitals::Latency;
 use super::{CLOCK_TOLERANCE_US, Kind, Outcome, Report, Request, Status, Violation, Windows};
@@ -129,7 +130,8 @@ fn count(requests: &[Request], report: &mut Report, violations: &mut Violations)
 }
 
 /// Every stored message was written by an attempt that carried it, after it
-/// was sent; an answered attempt said queued with its message id.
+/// was sent; an answered attempt said queued with its message id; an attempt
+/// the gateway shed wrote nothing.
 fn every_copy_was_written_by_an_attempt_that_carried_it(stored: &Stored, index: &Index<'_>, violations: &mut Violations) {
     for (partition, copies) in &stored.partitions {
         for copy in copies {
@@ -166,6 +168,17 @@ fn written_by_an_attempt_that_carried_it(partition: &str, copy: &Copy, index: &I
             copy.offset,
             attempt.sent_us - copy.created_us
         )));
+    }
+    if let Outcome::Status(503, body) = &attempt.outcome
+        && is_shed(body)
+    {
+        return Err(Found {
+            kind: "written-though-shed",
+            text: format!(
+                "offset {} ({}) was written by p{producer} #{seq} attempt {attempt_no}, which was answered 503 for want of room, its body unread",
+                copy.offset, copy.message_id
+            ),
+        });
     }
     if let Outcome::Answered(answers) = &attempt.outcome {
         let answered_queued = request.items.iter().zip(answers).any(|(i, a)| {
@@ -516,6 +529,27 @@ mod tests {
         let requests = [request(0, 0, "y", 10 * S, None)];
         let report = checked(&requests, vec![copy(0, a, "x", 10 * S + 500, (0, 0, 0))], &long);
         assert_eq!(kinds(&report), ["unknown-write"], "{report}");
+    }
+
+    #[test]
+    fn a_write_by_a_shed_attempt_is_caught_and_one_by_a_503_for_the_database_is_not() {
+        let a = Uuid::now_v7();
+        let long = Windows { initial: 3600, changes: Vec::new() };
+        let refused = |body: &str| {
+            let mut shed = request(0, 0, "x", 10 * S, None);
+            shed.attempts[0].outcome = Outcome::Status(503, body.to_owned());
+            let mut retried = request(0, 0, "x", 11 * S, Some((Status::Duplicate, a, 0)));
+            retried.attempts[0].done_us = 11 * S + 1_000;
+            shed.attempts.push(retried.attempts.remove(0));
+            shed
+        };
+        let written = vec![copy(0, a, "x", 10 * S + 500, (0, 0, 0))];
+        let shed = refused(r#"{"error":"body: the gateway is at capacity and a full backlog waits; retry"}"#);
+        let report = checked(&[shed], written.clone(), &long);
+        assert_eq!(kinds(&report), ["written-though-shed"], "{report}");
+        let unavailable = refused(r#"{"error":"the database is unavailable; retry"}"#);
+        let report = checked(&[unavailable], written, &long);
+        assert!(report.violations.is_empty(), "{report}");
     }
 
     #[test]

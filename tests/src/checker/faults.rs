@@ -1,6 +1,7 @@
 //! The fault schedule and the faults themselves: kills and restarts,
-//! PostgreSQL restarts, the failover, window changes, clock jumps; the
-//! faults between the gateways and PostgreSQL are `db_faults`'.
+//! PostgreSQL restarts, the failover, window changes, clock jumps, the
+//! overload's flood; the faults between the gateways and PostgreSQL are
+//! `db_faults`'.
 
 use std::net::SocketAddr;
 use std::process::Child;
@@ -12,6 +13,7 @@ use hyper::Method;
 use serde_json::json;
 
 use super::db_faults::{self, DbFault, Edge, SpellTimes};
+use super::overload::Flood;
 use super::{
     AddressBook, Config, DbRig, FailoverReport, FailoverTimes, InForce, Node, Outcome, PgCluster, ReplicatedPair, Request,
     Status, WindowChange, Windows, micros_of, now_us,
@@ -30,6 +32,8 @@ pub(super) enum FaultEvent {
     Clock(usize, i64),
     /// A fault between the gateways and PostgreSQL, or in it, begins or ends.
     Db(DbFault, Edge),
+    /// The overload's flood begins or ends.
+    Overload(Edge),
 }
 
 pub(super) fn schedule(config: &Config) -> Vec<(Duration, FaultEvent)> {
@@ -69,6 +73,10 @@ pub(super) fn schedule(config: &Config) -> Vec<(Duration, FaultEvent)> {
     for (at, fault, edge) in config.faults.db_fault_edges() {
         events.push((at, FaultEvent::Db(fault, edge)));
     }
+    if let Some(overload) = &config.faults.overload {
+        events.push((overload.spell.at, FaultEvent::Overload(Edge::Begin)));
+        events.push((overload.spell.at + overload.spell.lasting, FaultEvent::Overload(Edge::End)));
+    }
     events.sort_by_key(|(at, _)| *at);
     events
 }
@@ -82,6 +90,9 @@ pub(super) struct FaultLog {
     pub(super) failover: Option<FailoverTimes>,
     /// The faults between the gateways and PostgreSQL, as they happened.
     pub(super) spells: Vec<SpellTimes>,
+    /// The overload's flood, from its start (stopped at its end, awaited
+    /// once the producers are done).
+    pub(super) flood: Option<Flood>,
     pub(super) errors: Vec<String>,
     pub(super) unexpected_exits: Vec<String>,
 }
@@ -199,6 +210,18 @@ pub(super) async fn run_faults(
                     let pids: Vec<u32> = nodes.iter().filter_map(|node| node.child.as_ref().map(Child::id)).collect();
                     db_faults::apply((fault, edge), pg.db, &mut in_force, config, &pids, log).await;
                 }
+                FaultEvent::Overload(Edge::Begin) => match &config.faults.overload {
+                    Some(overload) => match Flood::start(overload, config, book) {
+                        Ok(flood) => log.flood = Some(flood),
+                        Err(error) => log.errors.push(format!("start the flood: {error:#}")),
+                    },
+                    None => log.errors.push("an overload spell without an overload configured".to_owned()),
+                },
+                FaultEvent::Overload(Edge::End) => {
+                    if let Some(flood) = &mut log.flood {
+                        flood.stop();
+                    }
+                }
                 FaultEvent::Clock(index, offset_s) => {
                     let node = &nodes[index];
                     match node.clock.as_ref().map(|file| file.set(offset_s)) {
@@ -221,6 +244,9 @@ pub(super) async fn run_faults(
     }
     // A spell that outlasted the run ends with it.
     db_faults::release_all(pg.db, &mut in_force, log).await;
+    if let Some(flood) = &mut log.flood {
+        flood.stop();
+    }
 }
 
 pub(super) async fn restart(index: usize, node: &mut Node, book: &AddressBook, log: &mut FaultLog) {

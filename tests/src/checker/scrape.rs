@@ -18,6 +18,11 @@ pub(super) struct Scrape {
     pub(super) max_clock_offset_s: f64,
     pub(super) probes: BTreeMap<String, u64>,
     pub(super) unavailable: u64,
+    /// Requests shed for want of room, the most bytes requests held at a
+    /// scrape, and the limit on them (`--max-held-mb`).
+    pub(super) shed: u64,
+    pub(super) max_held: u64,
+    pub(super) held_limit: u64,
     pub(super) samples: Vec<Sample>,
 }
 
@@ -54,6 +59,9 @@ pub(super) async fn scrape_all(book: &AddressBook, scraped: &Mutex<HashMap<(usiz
             scrape.max_clock_offset_s = scrape.max_clock_offset_s.max(offset_s.abs());
         }
         scrape.unavailable = sum_series(&text, "stile_database_unavailable_total");
+        scrape.shed = sum_series(&text, "stile_requests_shed_total");
+        scrape.max_held = scrape.max_held.max(sum_series(&text, "stile_held_request_bytes"));
+        scrape.held_limit = sum_series(&text, "stile_held_request_bytes_limit");
         for probe in ["skipped", "narrowed", "full", "off"] {
             scrape.probes.insert(probe.to_owned(), sum_series(&text, &format!("stile_segments_total{{probe=\"{probe}\"}}")));
         }
@@ -91,6 +99,9 @@ pub(super) fn summarise_scrapes(scraped: &HashMap<(usize, u32), Scrape>, nodes: 
         let evictions: u64 = mine.iter().map(|s| peak(s, |x| x.evictions)).sum();
         let rebuilds: u64 = mine.iter().map(|s| s.rebuilds).sum();
         let unavailable: u64 = mine.iter().map(|s| s.unavailable).sum();
+        let shed: u64 = mine.iter().map(|s| s.shed).sum();
+        let max_held = mine.iter().map(|s| s.max_held).max().unwrap_or(0);
+        let held_limit = mine.iter().map(|s| s.held_limit).max().unwrap_or(0);
         let max_bytes = mine.iter().map(|s| peak(s, |x| x.cache_bytes)).max().unwrap_or(0);
         let clock_offset_s = mine.iter().map(|s| s.max_clock_offset_s).fold(0.0, f64::max);
         report.max_clock_offset_s = report.max_clock_offset_s.max(clock_offset_s);
@@ -112,13 +123,15 @@ pub(super) fn summarise_scrapes(scraped: &HashMap<(usize, u32), Scrape>, nodes: 
         }
         let probes: Vec<String> = probes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         report.gateway_lines.push(format!(
-            "{} ({}{}): {} incarnations, {} guest traps logged, {rebuilds} instance rebuilds, max {} KiB cached, max {suppressed} suppressed, {evictions} evictions, {unavailable} answered 503 for the database, clock off PostgreSQL's by up to {clock_offset_s:.0} s, segments [{}]",
+            "{} ({}{}): {} incarnations, {} guest traps logged, {rebuilds} instance rebuilds, max {} KiB cached, max {suppressed} suppressed, {evictions} evictions, {unavailable} answered 503 for the database, {shed} shed for want of room (held up to {} of {} KiB), clock off PostgreSQL's by up to {clock_offset_s:.0} s, segments [{}]",
             node.spec.label,
             if node.spec.args.is_empty() { "defaults".to_owned() } else { node.spec.args.join(" ") },
             node.spec.clock.as_ref().map_or(String::new(), |skew| format!(", clock {:?} s", skew.offsets_s)),
             node.incarnation + 1,
             node.traps(),
             max_bytes / 1024,
+            max_held / 1024,
+            held_limit / 1024,
             probes.join(", ")
         ));
     }
