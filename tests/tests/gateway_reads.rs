@@ -2,12 +2,16 @@
 //! than the limit lets the gateway send: a page of large messages stops at
 //! the limit without PostgreSQL writing temporary files, and a batch of KV
 //! reads whose JSON is larger than its stored form is refused at the limit.
+//! The memory that readers who do not read take up is given back once they
+//! are gone.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use stile_tests::gateway::{Gateway, GatewayOptions, fresh_database, item};
+use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, item, metric};
 use stile_tests::pg::TestDb;
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::TcpSocket;
 
 /// The connections of the gateways under test are named so, to tell them
 /// from the test's own.
@@ -163,4 +167,98 @@ async fn a_batch_of_kv_reads_keeps_the_limit_when_its_json_is_larger_than_what_i
     let reply = client.post("/api/v1/kv", keys_only).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(reply.json()["results"][0]["rows"].as_array().map(Vec::len), Some(KEYS));
+}
+
+/// The resident memory of process `pid`, in bytes.
+fn resident_bytes(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read the gateway's /proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse().ok())
+        .expect("a VmRSS line in kB");
+    kib << 10
+}
+
+/// Waits until the bytes the gateway holds for requests satisfy `holds`,
+/// failing after `within`.
+async fn wait_for_held(client: &mut Client, within: Duration, holds: impl Fn(f64) -> bool) {
+    let deadline = Instant::now() + within;
+    loop {
+        let held = metric(&client.metrics().await, "stile_held_request_bytes");
+        if holds(held) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "stile_held_request_bytes stayed at {held}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_of_answers_to_readers_that_do_not_read_is_given_back_once_they_are_cut() {
+    const READERS: usize = 16;
+    const MESSAGE_BYTES: usize = 1 << 20;
+    const SLACK: u64 = 64 << 20;
+    let t = fresh_database().await;
+    // Thirty-three messages of 1 MB: a page of them is cut at the default
+    // answer limit, 32 MiB.
+    let writer = Gateway::start(&t.url()).await;
+    let mut client = writer.client().await;
+    for n in 0..33 {
+        client.push(vec![item("big", "p", Some(&format!("m{n}")), json!(format!("{n:02}").repeat(MESSAGE_BYTES / 2)))]).await;
+    }
+    drop((client, writer));
+
+    // The budget holds every answer, so that each reader gets its page.
+    let options = GatewayOptions {
+        max_held_mb: Some(2048),
+        extra_args: vec!["--send-timeout".into(), "20".into()],
+        ..GatewayOptions::default()
+    };
+    let gateway = Gateway::start_with(&t.url(), &options).await;
+    let mut client = gateway.client().await;
+    let start = resident_bytes(gateway.pid());
+    let mut readers = Vec::new();
+    for _ in 0..READERS {
+        let socket = TcpSocket::new_v4().expect("a socket");
+        socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+        let mut stream = socket.connect(gateway.addr()).await.expect("connect");
+        stream
+            .write_all(b"GET /api/v1/messages?queue=big&partition=p&limit=10000 HTTP/1.1\r\nhost: stile\r\n\r\n")
+            .await
+            .expect("ask for the page");
+        readers.push(stream);
+    }
+    // Their answers are built and wait, unsent: at least half of each is
+    // resident.
+    let taken = start + READERS as u64 * (16 << 20);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut during = resident_bytes(gateway.pid());
+    while during <= taken {
+        assert!(Instant::now() < deadline, "the readers took up {} MB", during.saturating_sub(start) >> 20);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        during = resident_bytes(gateway.pid());
+    }
+    // The send limit cuts them: their answers are dropped...
+    wait_for_held(&mut client, Duration::from_secs(60), |held| held == 0.0).await;
+    drop(readers);
+    // ...and the memory they held goes back to the system.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = resident_bytes(gateway.pid());
+        if now <= start + SLACK {
+            println!("resident: {} MB at start, {} MB with the readers, {} MB after", start >> 20, during >> 20, now >> 20);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "resident {} MB, from {} MB at start and {} MB with the readers",
+            now >> 20,
+            start >> 20,
+            during >> 20
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(client.get("/health").await.status, 200);
 }
