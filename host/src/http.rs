@@ -434,8 +434,8 @@ async fn timers_batch(app: &App, request: Request<Incoming>, held: &mut Held) ->
 async fn timers_list(app: &App, matched: &Matched, request: &Request<Incoming>, held: &mut Held) -> Result<Reply, Failure> {
     let queue = api::checked_name("queue", matched.param("queue").to_owned())?;
     let page = timers::PageQuery::parse(&query(request)?)?;
-    answer_room(app, held)?;
-    let page = timers::list(&app.gateway, &queue, &page).await?;
+    let room = answer_room(app, held)?;
+    let page = timers::list(&app.gateway, &queue, &page, room).await.map_err(|e| read_failure(app, room, e))?;
     Ok(json_reply(StatusCode::OK, &page))
 }
 

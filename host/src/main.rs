@@ -1,5 +1,6 @@
 //! The `stile` command.
-#![forbid(unsafe_code)]
+// One declaration is allowed unsafe code, in `allocator` below.
+#![deny(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -18,6 +19,45 @@ use stile::shard::{ShardPlacement, WorkerConfig};
 /// keeps per-thread free lists and does not pay it.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// How often the allocator is asked to give back memory freed for longer
+/// than its purge delay.
+const COLLECT_EVERY: Duration = Duration::from_secs(1);
+
+/// mimalloc gives memory back to the system a delay (a second) after it is
+/// freed, but only when a later allocation or free of its own gets round to
+/// it: a gateway that goes quiet after a burst of large answers (readers that
+/// do not read pages of 32 MB, cut by the send limit) would keep what they
+/// held, gigabytes, for good. Asked once a second, the allocator gives back
+/// what has been free for longer than its delay, busy or quiet; the memory a
+/// busy gateway reuses within the delay stays with it.
+async fn collect_freed_memory() {
+    let mut ticks = tokio::time::interval(COLLECT_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        allocator::collect();
+    }
+}
+
+/// The allocator's own call, which the `mimalloc` crate does not expose.
+#[allow(unsafe_code)]
+mod allocator {
+    // SAFETY: `mi_collect` is the C function of the mimalloc linked as the
+    // global allocator above (mimalloc.h: `void mi_collect(bool force)`). It
+    // takes a flag, returns nothing, and may be called from any thread at any
+    // time; nothing the caller holds is touched.
+    unsafe extern "C" {
+        safe fn mi_collect(force: bool);
+    }
+
+    /// Frees the calling thread's empty pages and purges the memory freed
+    /// for longer than the purge delay (not forced: what was freed just now
+    /// stays for reuse).
+    pub fn collect() {
+        mi_collect(false);
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(name = "stile", version, about = "An exact, windowed deduplication gateway for message logs kept in PostgreSQL")]
@@ -178,6 +218,7 @@ fn main() -> std::process::ExitCode {
         shutdown_timeout: seconds("--shutdown-timeout", args.shutdown_timeout),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("start the tokio runtime");
+    runtime.spawn(collect_freed_memory());
     let served = runtime.block_on(serve(config, shutdown_signal()));
     // What is left (a shard worker's thread that outlived the shutdown's
     // bounds, a connection's last drop) must not hold the exit.

@@ -181,9 +181,20 @@ pub async fn peek(gateway: &Gateway, queue: &str, timer_key: &Key) -> Result<Opt
     }))
 }
 
-/// A page of `queue`'s pending timers, by key, after `after`.
-pub async fn list(gateway: &Gateway, queue: &str, page: &PageQuery) -> Result<TimerPage, DbError> {
-    sql::list(gateway.db(), queue, page.after.as_ref(), page.limit).await
+/// Room in a timers page's answer for what surrounds its timers: the
+/// brackets, `truncated` and `nextAfter`, a key of up to
+/// [`MAX_KEY_BYTES`](crate::kv::MAX_KEY_BYTES) that JSON's escaping may make
+/// six times longer.
+const PAGE_FRAME_BYTES: usize = 8 << 10;
+
+/// A page of `queue`'s pending timers, by key, after `after`, in an answer
+/// of at most `answer_limit` bytes: a page cut by that bound says
+/// `truncated` and names its last key, as one cut by its limit of timers
+/// does, and a first timer larger than the bound is refused (413 naming
+/// it).
+pub async fn list(gateway: &Gateway, queue: &str, page: &PageQuery, answer_limit: usize) -> Result<TimerPage, DbError> {
+    let max_bytes = answer_limit.saturating_sub(PAGE_FRAME_BYTES);
+    sql::list(gateway.db(), queue, page.after.as_ref(), page.limit, max_bytes).await
 }
 
 /// Fires due timers until none is due, then sleeps until the next one is

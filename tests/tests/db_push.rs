@@ -768,6 +768,53 @@ async fn a_read_ends_its_page_at_its_bound_of_bytes_and_refuses_a_message_above_
     assert!(matches!(&refused, DbError::TooLarge(message) if message.contains("offset 0")), "{refused}");
 }
 
+/// PostgreSQL stops at the bound of bytes as the gateway does: it returns
+/// the page, then the message that would cross the bound without its
+/// payload, sized as the gateway sizes it, and nothing after it.
+#[tokio::test]
+async fn the_read_function_stops_at_the_message_that_would_cross_its_bound() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    // Two log rows, so that the page ends inside the second.
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["a", "b"], -1, 3600)]).await.unwrap();
+    t.db.push_bundle(ClockFloor::EPOCH, &[segment(p.id, &["c", "d", "e"], -1, 3600)]).await.unwrap();
+    let all = t.db.read_messages("q", "p", 0, bound(10)).await.unwrap();
+    let sizes: Vec<i64> = all.messages.iter().map(|m| m.answer_bytes() as i64).collect();
+    let c = t.client().await;
+    let read = |from: i64, max_bytes: Option<i64>| {
+        let c = &c;
+        async move {
+            c.query(
+                "SELECT \"offset\", payload::text AS payload, answer_bytes FROM stile.read_messages('q', 'p', $1, 10, $2)",
+                &[&from, &max_bytes],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| {
+                (
+                    row.get::<_, i64>("offset"),
+                    row.get::<_, Option<String>>("payload").is_some(),
+                    row.get::<_, i64>("answer_bytes"),
+                )
+            })
+            .collect::<Vec<_>>()
+        }
+    };
+    let unbounded = read(1, None).await;
+    assert_eq!(unbounded, (1..5).map(|o| (o, true, sizes[o as usize])).collect::<Vec<_>>());
+    // Offsets 1 and 2 fit; 3 would cross, and comes without its payload.
+    let page = read(1, Some(sizes[1] + sizes[2] + sizes[3] - 1)).await;
+    assert_eq!(page, [(1, true, sizes[1]), (2, true, sizes[2]), (3, false, sizes[3])]);
+    let exact = read(1, Some(sizes[1] + sizes[2] + sizes[3])).await;
+    assert_eq!(exact.iter().map(|&(o, whole, _)| (o, whole)).collect::<Vec<_>>(), [(1, true), (2, true), (3, true), (4, false)]);
+    let first = read(1, Some(sizes[1] - 1)).await;
+    assert_eq!(first, [(1, false, sizes[1])]);
+    let refused = t.db.read_messages("q", "p", 1, PageBound { messages: 10, bytes: sizes[1] as usize - 1 }).await.unwrap_err();
+    let expected = format!("the message at offset 1 is {} bytes", sizes[1]);
+    assert!(matches!(&refused, DbError::TooLarge(message) if message.starts_with(&expected)), "{refused}");
+}
+
 #[tokio::test]
 async fn reads_return_what_was_pushed() {
     let t = TestDb::new().await;

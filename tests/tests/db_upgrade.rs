@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use serde_json::json;
 use stile::db::{ClockFloor, ConfigureMode, Duplicate, MIGRATIONS, PageBound, ProbeMode, SegmentPush};
 use stile::payload::Payload;
 use stile_tests::pg::{TestDb, segment};
@@ -340,4 +341,79 @@ async fn the_previous_builds_firer_takes_due_timers_within_the_bound_of_bytes() 
     assert_eq!(taken.concat().len(), 3, "{taken:?}");
     let due_ms: Option<i64> = c.query_one("SELECT stile.timers_next_due_ms()", &[]).await.unwrap().get(0);
     assert_eq!(due_ms, None);
+}
+
+/// A gateway of the previous build reads messages and pages of timers
+/// through the signatures without a bound of bytes (which readers with plain
+/// SQL use too); this build's take one. The previous signatures still answer
+/// what they answered: the messages as pushed, the pages as paged.
+#[tokio::test]
+async fn the_previous_builds_reads_of_messages_and_timer_pages_answer_as_before() {
+    let t = TestDb::new().await;
+    let c = t.client().await;
+    let p = t.db.resolve_partition("orders", "p0").await.unwrap();
+    let first = segment(p.id, &["a", "b"], -1, 3600);
+    let second = segment(p.id, &["c"], -1, 3600);
+    let mut pushed = Vec::new();
+    for s in [&first, &second] {
+        let outcome = t.db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(s)).await.unwrap();
+        let created_ms = outcome[0].stored.unwrap().created_ms;
+        for (id, txn) in s.message_ids.iter().zip(&s.transaction_ids) {
+            pushed.push((*id, txn.to_string(), json!({ "txn": &**txn }), created_ms));
+        }
+    }
+    let rows = c
+        .query(
+            "SELECT \"offset\", message_id, transaction_id, payload, created_ms FROM stile.read_messages('orders', 'p0', 1, 10)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let read: Vec<(i64, uuid::Uuid, String, serde_json::Value, i64)> = rows
+        .iter()
+        .map(|r| {
+            let Json(payload): Json<serde_json::Value> = r.get("payload");
+            (r.get("offset"), r.get("message_id"), r.get("transaction_id"), payload, r.get("created_ms"))
+        })
+        .collect();
+    let expected: Vec<(i64, uuid::Uuid, String, serde_json::Value, i64)> = pushed
+        .into_iter()
+        .enumerate()
+        .skip(1)
+        .map(|(offset, (id, txn, payload, ms))| (offset as i64, id, txn, payload, ms))
+        .collect();
+    assert_eq!(read, expected);
+
+    c.execute(
+        "SELECT stile.timers_apply(jsonb_build_array( \
+             jsonb_build_object('op', 'schedule', 'queue', 'orders', 'timerKey', 'k1', 'partition', 'p0', 'txn', 't1', \
+                                'messageId', gen_random_uuid(), 'payload', '{}'::jsonb, 'delayMs', 60000), \
+             jsonb_build_object('op', 'schedule', 'queue', 'orders', 'timerKey', 'k2', 'partition', 'p0', 'txn', 't2', \
+                                'messageId', gen_random_uuid(), 'payload', '{}'::jsonb, 'delayMs', 60000)))",
+        &[],
+    )
+    .await
+    .unwrap();
+    let pages = [
+        (None, 1, json!(["k1"]), json!(true), json!("k1")),
+        (Some("k1"), 1, json!(["k2"]), json!(false), json!(null)),
+        (None, 5, json!(["k1", "k2"]), json!(false), json!(null)),
+    ];
+    for (after, limit, keys, truncated, next_after) in pages {
+        let page = |sql: &'static str| {
+            let c = &c;
+            async move {
+                let Json(page): Json<serde_json::Value> = c.query_one(sql, &[&after, &limit]).await.unwrap().get("page");
+                page
+            }
+        };
+        let previous = page("SELECT stile.timers_list('orders', $1, $2) AS page").await;
+        let shown: Vec<serde_json::Value> = previous["rows"].as_array().unwrap().iter().map(|r| r["timerKey"].clone()).collect();
+        assert_eq!(
+            (json!(shown), previous["truncated"].clone(), previous["nextAfter"].clone()),
+            (keys, truncated, next_after),
+            "after {after:?}, limit {limit}"
+        );
+        assert_eq!(previous, page("SELECT stile.timers_list('orders', $1, $2, NULL) AS page").await);
+    }
 }

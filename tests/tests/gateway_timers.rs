@@ -151,6 +151,60 @@ async fn cancel_reschedule_peek_and_list() {
     assert_eq!(pending(&t).await, 2, "nothing was written by the refused request, and nothing has fired");
 }
 
+/// A page of timers keeps `--answer-limit` whatever its `limit`: it ends
+/// before the timer that would cross it, says so as a page ended by its
+/// limit does, and is read on from its `nextAfter` to the end, every timer
+/// seen once. A timer larger than the limit by itself is refused, named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_keeps_the_answer_limit_and_reads_on_to_the_end() {
+    const ANSWER_LIMIT: usize = 300_000;
+    const TIMERS: usize = 20;
+    let t = fresh_database().await;
+    let limit = ANSWER_LIMIT.to_string();
+    let gw = Gateway::start_with(
+        &t.url(),
+        &GatewayOptions { extra_args: vec!["--answer-limit".into(), limit], ..GatewayOptions::default() },
+    )
+    .await;
+    let mut c = gw.client().await;
+    let hour = 3_600_000;
+    // About 60 KB each: the twenty would take four times the limit.
+    let keys: Vec<String> = (0..TIMERS).map(|n| format!("k{n:02}")).collect();
+    let ops = keys.iter().map(|key| schedule("big", key, hour, &format!("{key}-{}", "t".repeat(60_000)), json!(1))).collect();
+    timers(&mut c, ops).await;
+
+    let mut seen: Vec<String> = Vec::new();
+    let mut pages = 0;
+    let mut path = "/api/v1/timers/big?limit=1000".to_owned();
+    loop {
+        let reply = c.get(&path).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert!(reply.body.len() <= ANSWER_LIMIT, "a page of {} bytes", reply.body.len());
+        let page = reply.json();
+        let rows: Vec<String> =
+            page["rows"].as_array().unwrap().iter().map(|row| row["timerKey"].as_str().unwrap().to_owned()).collect();
+        assert!(!rows.is_empty(), "a page shows at least one timer");
+        pages += 1;
+        seen.extend(rows);
+        if page["truncated"] == json!(false) {
+            assert_eq!(page["nextAfter"], Value::Null);
+            break;
+        }
+        assert_eq!(page["nextAfter"].as_str(), seen.last().map(String::as_str), "the next page starts after the last shown");
+        path = format!("/api/v1/timers/big?limit=1000&after={}", seen.last().unwrap());
+    }
+    assert_eq!(seen, keys, "every timer once, in key order");
+    assert!(pages >= 4, "{pages} pages for four times the limit");
+
+    // A transactionId of control characters is six times as long in JSON.
+    timers(&mut c, vec![schedule("big", "zz", hour, &"\u{1}".repeat(60_000), json!(1))]).await;
+    let reply = c.get("/api/v1/timers/big?after=k19").await;
+    assert_eq!(reply.status, 413, "{}", reply.text());
+    assert!(reply.error().starts_with("the timer \"zz\" is "), "{}", reply.error());
+    let before = c.get("/api/v1/timers/big?after=k18").await.json();
+    assert_eq!((before["rows"][0]["timerKey"].clone(), before["truncated"].clone()), (json!("k19"), json!(true)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_fire_each_timer_once() {
     const TIMERS: usize = 300;

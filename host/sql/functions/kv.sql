@@ -6,9 +6,11 @@
 -- {"results": [...], "failed": i}: one result per operation, and the index of
 -- the first `required` operation that did not apply (null when none). The
 -- caller rolls back when `failed` is set, so that nothing of the call is
--- written. An answer whose results grow past p_max_answer_bytes (as jsonb;
--- null for no bound) is refused under SQLSTATE SK002, naming the operation
--- that crossed it, before more is read.
+-- written. An answer whose results grow past p_max_answer_bytes (as jsonb's
+-- text, which is what PostgreSQL sends and never shorter than the gateway's
+-- JSON of them; null for no bound) is refused under SQLSTATE SK002, naming
+-- the operation that crossed it, before more is read: a getMany or getPrefix
+-- stops reading its rows as soon as they pass what is left.
 --
 -- Operations arrive validated and normalised by the gateway (host/src/kv.rs):
 -- "op" is one of get, getMany, getPrefix, check, put, putIfAbsent, delete,
@@ -48,16 +50,20 @@ BEGIN
         v_op := p_ops -> i;
         v_result := CASE v_op ->> 'op'
             WHEN 'get' THEN stile.kv_get(v_op, v_now)
-            WHEN 'getMany' THEN stile.kv_get_many(v_op, v_now)
-            WHEN 'getPrefix' THEN stile.kv_get_prefix(v_op, v_now)
+            WHEN 'getMany' THEN stile.kv_get_many(v_op, v_now, p_max_answer_bytes - v_bytes)
+            WHEN 'getPrefix' THEN stile.kv_get_prefix(v_op, v_now, p_max_answer_bytes - v_bytes)
             ELSE stile.kv_write(v_op, v_now)
         END;
-        v_bytes := v_bytes + pg_column_size(v_result);
-        IF v_bytes > p_max_answer_bytes THEN
+        -- A getMany or getPrefix whose rows passed what was left of the
+        -- bound answered NULL, and so does this.
+        v_result := jsonb_build_object('index', i) || v_result;
+        -- The result's text and the comma before it.
+        v_bytes := v_bytes + octet_length(v_result::text) + 1;
+        IF v_result IS NULL OR v_bytes > p_max_answer_bytes THEN
             RAISE EXCEPTION USING ERRCODE = 'SK002',
                 MESSAGE = format('operations[%s]: the answer would exceed the limit of %s bytes', i, p_max_answer_bytes);
         END IF;
-        v_results := v_results || (jsonb_build_object('index', i) || v_result);
+        v_results := v_results || v_result;
         IF v_failed IS NULL AND (v_op ->> 'required')::boolean AND NOT (v_result ->> 'applied')::boolean THEN
             v_failed := i;
         END IF;
@@ -128,24 +134,40 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION stile.kv_get_many(p_op jsonb, p_now timestamptz)
+-- The keys' rows in the order asked, and the keys not found. NULL once
+-- they pass p_max_bytes as jsonb's text (null: no bound), the keys after
+-- that one left unread.
+DROP FUNCTION IF EXISTS stile.kv_get_many(jsonb, timestamptz);
+CREATE OR REPLACE FUNCTION stile.kv_get_many(p_op jsonb, p_now timestamptz, p_max_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+    v_ns text := p_op ->> 'ns';
+    v_rows jsonb[] := '{}';
+    v_missing jsonb[] := '{}';
+    v_bytes bigint := 0;
+    v_key text COLLATE "C";
+    v_row jsonb;
 BEGIN
-    RETURN (
-        WITH wanted AS (
-            SELECT w.key COLLATE "C" AS key, w.n FROM jsonb_array_elements_text(p_op -> 'keys') WITH ORDINALITY AS w(key, n)
-        ), found AS (
-            SELECT w.n, k.* FROM wanted w
-              JOIN stile.kv k ON k.ns = p_op ->> 'ns' AND k.key = w.key
-             WHERE k.expires_at IS NULL OR k.expires_at > p_now
-        )
-        SELECT jsonb_build_object(
-            'op', 'getMany',
-            'rows', coalesce((SELECT jsonb_agg(stile.kv_row(f.key, f.value, f.version, f.expires_at, f.updated_at) ORDER BY f.n) FROM found f), '[]'),
-            'missing', coalesce((SELECT jsonb_agg(w.key ORDER BY w.n) FROM wanted w WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.n = w.n)), '[]'),
-            'truncated', false));
+    FOR v_key IN
+        SELECT w.key FROM jsonb_array_elements_text(p_op -> 'keys') WITH ORDINALITY AS w(key, n) ORDER BY w.n
+    LOOP
+        SELECT stile.kv_row(k.key, k.value, k.version, k.expires_at, k.updated_at) INTO v_row
+          FROM stile.kv k
+         WHERE k.ns = v_ns AND k.key = v_key AND (k.expires_at IS NULL OR k.expires_at > p_now);
+        IF FOUND THEN
+            v_rows := v_rows || v_row;
+        ELSE
+            v_row := to_jsonb(v_key);
+            v_missing := v_missing || v_row;
+        END IF;
+        v_bytes := v_bytes + octet_length(v_row::text) + 1;
+        IF v_bytes > p_max_bytes THEN
+            RETURN NULL;
+        END IF;
+    END LOOP;
+    RETURN jsonb_build_object('op', 'getMany', 'rows', to_jsonb(v_rows), 'missing', to_jsonb(v_missing), 'truncated', false);
 END
 $$;
 
@@ -178,40 +200,58 @@ $$;
 
 -- A page of the keys starting with "prefix", after "after", in byte order:
 -- "limit" rows and whether more follow ("nextAfter" is the last key given).
+-- NULL once its rows pass p_max_bytes as jsonb's text (null: no bound), the
+-- keys after that one left unread.
 -- The keys' range is bounded on both sides by plain comparisons, which a
 -- cached generic plan still scans the index by (it cannot derive a range
 -- from ^@ with a value it does not know): a short page of a large namespace
 -- reads the prefix's keys, not every key after them. ^@ stays the test of
--- each key; the bounds only say where the scan starts and stops.
-CREATE OR REPLACE FUNCTION stile.kv_get_prefix(p_op jsonb, p_now timestamptz)
+-- each key; the bounds only say where the scan starts and stops. Sorts are
+-- off for the call, so that the keys come in the index's order, one at a
+-- time, and none is read past the bound.
+DROP FUNCTION IF EXISTS stile.kv_get_prefix(jsonb, timestamptz);
+CREATE OR REPLACE FUNCTION stile.kv_get_prefix(p_op jsonb, p_now timestamptz, p_max_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
+SET enable_sort = off
 AS $$
 DECLARE
     v_prefix text COLLATE "C" := p_op ->> 'prefix';
     v_end text COLLATE "C" := stile.prefix_end(v_prefix);
+    v_limit integer := (p_op ->> 'limit')::integer;
+    v_keys_only boolean := (p_op ->> 'keysOnly')::boolean;
+    v_rows jsonb[] := '{}';
+    v_bytes bigint := 0;
+    v_more boolean := false;
+    v_last text;
+    v_key record;
+    v_row jsonb;
 BEGIN
-    RETURN (
-        WITH page AS (
-            SELECT k.* FROM stile.kv k
-             WHERE k.ns = p_op ->> 'ns'
-               AND k.key >= v_prefix AND k.key < v_end AND k.key ^@ v_prefix
-               AND k.key > coalesce(p_op ->> 'after', '') COLLATE "C"
-               AND (k.expires_at IS NULL OR k.expires_at > p_now)
-             ORDER BY k.key
-             LIMIT (p_op ->> 'limit')::integer + 1
-        ), shown AS (
-            SELECT * FROM page ORDER BY key LIMIT (p_op ->> 'limit')::integer
-        )
-        SELECT jsonb_build_object(
-            'op', 'getPrefix',
-            'rows', coalesce((SELECT jsonb_agg(CASE WHEN (p_op ->> 'keysOnly')::boolean
-                                                   THEN jsonb_build_object('key', s.key, 'version', s.version)
-                                                   ELSE stile.kv_row(s.key, s.value, s.version, s.expires_at, s.updated_at) END
-                                               ORDER BY s.key) FROM shown s), '[]'),
-            'truncated', (SELECT count(*) FROM page) > (p_op ->> 'limit')::integer,
-            'nextAfter', CASE WHEN (SELECT count(*) FROM page) > (p_op ->> 'limit')::integer
-                              THEN (SELECT max(s.key) FROM shown s) END));
+    FOR v_key IN
+        SELECT k.key, k.value, k.version, k.expires_at, k.updated_at FROM stile.kv k
+         WHERE k.ns = p_op ->> 'ns'
+           AND k.key >= v_prefix AND k.key < v_end AND k.key ^@ v_prefix
+           AND k.key > coalesce(p_op ->> 'after', '') COLLATE "C"
+           AND (k.expires_at IS NULL OR k.expires_at > p_now)
+         ORDER BY k.key
+         LIMIT v_limit + 1
+    LOOP
+        IF cardinality(v_rows) >= v_limit THEN
+            v_more := true;
+            EXIT;
+        END IF;
+        v_row := CASE WHEN v_keys_only
+                      THEN jsonb_build_object('key', v_key.key, 'version', v_key.version)
+                      ELSE stile.kv_row(v_key.key, v_key.value, v_key.version, v_key.expires_at, v_key.updated_at) END;
+        v_bytes := v_bytes + octet_length(v_row::text) + 1;
+        IF v_bytes > p_max_bytes THEN
+            RETURN NULL;
+        END IF;
+        v_rows := v_rows || v_row;
+        v_last := v_key.key;
+    END LOOP;
+    RETURN jsonb_build_object('op', 'getPrefix', 'rows', to_jsonb(v_rows), 'truncated', v_more,
+                              'nextAfter', CASE WHEN v_more THEN v_last END);
 END
 $$;
 

@@ -14,15 +14,95 @@ AS $$
                       json_array_elements(p_payloads::json)) WITH ORDINALITY AS m(txn, payload, n)
 $$;
 
--- Messages of a partition from an offset on, in offset order, at most p_limit.
--- created_ms is the row's created_at in ms since the epoch, rounded up (the
--- same value stile.push returned for it).
+-- Messages of a partition from an offset on, in offset order: at most p_limit
+-- of them, and no more than p_max_bytes of answer (null: no bound), each
+-- message counted as the gateway counts it (host/src/db/mod.rs
+-- StoredMessage::answer_bytes): its payload's text, six bytes per byte of its
+-- transactionId (the most JSON's escaping makes of one) and 128 for its other
+-- fields. The message that would cross p_max_bytes ends the page: it comes as
+-- a last row without its payload (payload NULL), its answer_bytes saying how
+-- large it is, so that the caller can say the page was cut, or, when it is
+-- the first, name it. created_ms is the row's created_at in ms since the
+-- epoch, rounded up (the same value stile.push returned for it).
+--
+-- Rows are read as the page needs them: the log rows by the primary key in
+-- offset order, through a cursor, and each one's messages in the order they
+-- are stored (log_messages numbers them as json_array_elements yields them),
+-- so no step gathers more than the page and the log row at hand. Sorts are
+-- off for the call: a plan that sorted the log rows would read every row of
+-- the partition's tail before the first is returned (spilling to temporary
+-- files what does not fit in work_mem), which is what the planner picks when
+-- it expects many rows. What is returned is kept by PostgreSQL until the
+-- call ends, which is why the bound is applied here and not only by the
+-- caller.
 --
 -- This function and the others here, in retention.sql, kv.sql and timers.sql
 -- that read the partitioned tables (log, partitions, kv, timers) are PL/pgSQL
--- with RETURN QUERY rather than LANGUAGE sql: a distributed database (Citus)
--- refuses a LANGUAGE sql function's parameterized query over a distributed
--- table, and PL/pgSQL keeps each statement's plan for the session.
+-- rather than LANGUAGE sql: a distributed database (Citus) refuses a LANGUAGE
+-- sql function's parameterized query over a distributed table, and PL/pgSQL
+-- keeps each statement's plan for the session.
+CREATE OR REPLACE FUNCTION stile.read_messages(
+    p_queue text,
+    p_partition text,
+    p_from bigint,
+    p_limit integer,
+    p_max_bytes bigint
+)
+RETURNS TABLE (
+    "offset" bigint,
+    message_id uuid,
+    transaction_id text,
+    payload json,
+    created_ms bigint,
+    answer_bytes bigint
+)
+LANGUAGE plpgsql STABLE
+SET enable_sort = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_pid bigint;
+    v_row record;
+    v_left integer := greatest(p_limit, 0);
+    v_bytes bigint := 0;
+BEGIN
+    v_pid := stile.partition_named(p_queue, p_partition);
+    IF v_pid IS NULL OR v_left = 0 THEN
+        RETURN;
+    END IF;
+    FOR v_row IN
+        SELECT s.base_offset, s.message_ids, s.transaction_ids, s.payloads,
+               ceil(extract(epoch FROM s.created_at) * 1000)::bigint AS created_ms
+          FROM stile.log s
+         WHERE s.partition_id = v_pid AND s.end_offset >= p_from AND s.message_ids IS NOT NULL
+         ORDER BY s.end_offset
+    LOOP
+        created_ms := v_row.created_ms;
+        FOR "offset", message_id, transaction_id, payload IN
+            SELECT v_row.base_offset + m.idx, m.message_id, m.transaction_id, m.payload
+              FROM stile.log_messages(v_row.message_ids, v_row.transaction_ids, v_row.payloads) AS m
+             WHERE v_row.base_offset + m.idx >= p_from
+        LOOP
+            answer_bytes := octet_length(payload::text) + 6 * octet_length(transaction_id) + 128;
+            v_bytes := v_bytes + answer_bytes;
+            IF v_bytes > p_max_bytes THEN
+                payload := NULL;
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            RETURN NEXT;
+            v_left := v_left - 1;
+            IF v_left = 0 THEN
+                RETURN;
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
+-- stile.read_messages without a bound of bytes, and without answer_bytes:
+-- for readers with plain SQL (README.md) and for gateways of the previous
+-- build, which call it. A LANGUAGE sql wrapper that reads no table itself.
 CREATE OR REPLACE FUNCTION stile.read_messages(p_queue text, p_partition text, p_from bigint, p_limit integer)
 RETURNS TABLE (
     "offset" bigint,
@@ -31,26 +111,10 @@ RETURNS TABLE (
     payload json,
     created_ms bigint
 )
-LANGUAGE plpgsql STABLE
+LANGUAGE sql STABLE
 AS $$
-#variable_conflict use_column
-DECLARE
-    v_pid bigint;
-BEGIN
-    v_pid := stile.partition_named(p_queue, p_partition);
-    IF v_pid IS NULL THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-        SELECT s.base_offset + m.idx, m.message_id, m.transaction_id, m.payload,
-               ceil(extract(epoch FROM s.created_at) * 1000)::bigint
-          FROM stile.log s
-         CROSS JOIN LATERAL stile.log_messages(s.message_ids, s.transaction_ids, s.payloads) AS m
-         WHERE s.partition_id = v_pid AND s.end_offset >= p_from
-           AND s.base_offset + m.idx >= p_from
-         ORDER BY s.end_offset, m.idx
-         LIMIT greatest(p_limit, 0);
-END
+    SELECT m."offset", m.message_id, m.transaction_id, m.payload, m.created_ms
+      FROM stile.read_messages(p_queue, p_partition, p_from, p_limit, NULL) AS m
 $$;
 
 -- Every stored message, a row each: for programs that read the log with plain

@@ -217,26 +217,66 @@ AS $$
     SELECT stile.timers_next_due_ms('{}', '{}', '{}')
 $$;
 
--- A page of a queue's pending timers, by key, after p_after.
-CREATE OR REPLACE FUNCTION stile.timers_list(p_queue text, p_after text, p_limit integer)
+-- A page of a queue's pending timers, by key, after p_after: at most p_limit
+-- of them, and no more than p_max_bytes of timers as jsonb's text (null: no
+-- bound; the gateway's compact JSON of a timer is never longer). A page that
+-- ends before every timer after p_after is shown says "truncated": true, and
+-- "nextAfter" is the last key it shows, whether p_limit or p_max_bytes ended
+-- it. A first timer larger than p_max_bytes is refused under SQLSTATE SK002,
+-- naming it. The timers are read one at a time, in key order through the
+-- primary key (sorts are off for the call: a sort would read every timer of
+-- the page before the first, each with its transactionId of up to 64 KB),
+-- and the page stops being built as soon as it is full.
+CREATE OR REPLACE FUNCTION stile.timers_list(p_queue text, p_after text, p_limit integer, p_max_bytes bigint)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
+SET enable_sort = off
 AS $$
+DECLARE
+    v_rows jsonb[] := '{}';
+    v_bytes bigint := 0;
+    v_more boolean := false;
+    v_last text;
+    v_timer record;
+    v_json jsonb;
+    v_size bigint;
 BEGIN
-    RETURN (
-        WITH page AS (
-            SELECT t.queue, t.timer_key, t.partition, t.txn, t.message_id, t.deliver_at, t.scheduled_at
-              FROM stile.timers t
-             WHERE t.queue = p_queue AND t.timer_key > coalesce(p_after, '') COLLATE "C"
-             ORDER BY t.timer_key LIMIT p_limit + 1
-        ), shown AS (
-            SELECT p.* FROM page p ORDER BY p.timer_key LIMIT p_limit
-        )
-        SELECT jsonb_build_object(
-            'rows', coalesce((SELECT jsonb_agg(stile.timer_json(s.queue, s.timer_key, s.partition, s.txn, s.message_id,
-                                                                s.deliver_at, s.scheduled_at) ORDER BY s.timer_key)
-                                FROM shown s), '[]'),
-            'truncated', (SELECT count(*) FROM page) > p_limit,
-            'nextAfter', CASE WHEN (SELECT count(*) FROM page) > p_limit THEN (SELECT max(s.timer_key) FROM shown s) END));
+    FOR v_timer IN
+        SELECT t.queue, t.timer_key, t.partition, t.txn, t.message_id, t.deliver_at, t.scheduled_at
+          FROM stile.timers t
+         WHERE t.queue = p_queue AND t.timer_key > coalesce(p_after, '') COLLATE "C"
+         ORDER BY t.timer_key LIMIT greatest(p_limit, 0) + 1
+    LOOP
+        IF cardinality(v_rows) >= p_limit THEN
+            v_more := true;
+            EXIT;
+        END IF;
+        v_json := stile.timer_json(v_timer.queue, v_timer.timer_key, v_timer.partition, v_timer.txn,
+                                   v_timer.message_id, v_timer.deliver_at, v_timer.scheduled_at);
+        -- The timer's text and the comma before it.
+        v_size := octet_length(v_json::text) + 1;
+        IF v_bytes + v_size > p_max_bytes THEN
+            IF v_last IS NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'SK002',
+                    MESSAGE = format('the timer %s is %s bytes, more than the answer limit of %s bytes',
+                                     to_jsonb(v_timer.timer_key), v_size - 1, p_max_bytes);
+            END IF;
+            v_more := true;
+            EXIT;
+        END IF;
+        v_bytes := v_bytes + v_size;
+        v_rows := v_rows || v_json;
+        v_last := v_timer.timer_key;
+    END LOOP;
+    RETURN jsonb_build_object('rows', to_jsonb(v_rows), 'truncated', v_more,
+                              'nextAfter', CASE WHEN v_more THEN v_last END);
 END
 $$;
+
+-- stile.timers_list without a bound on its bytes, for gateways of the
+-- previous build, which call it. Once none remains, `DROP FUNCTION
+-- stile.timers_list(text, text, integer)` retires it.
+CREATE OR REPLACE FUNCTION stile.timers_list(p_queue text, p_after text, p_limit integer)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$ SELECT stile.timers_list(p_queue, p_after, p_limit, NULL) $$;

@@ -448,8 +448,12 @@ impl Db {
         Ok(options.map(|Json(options)| options))
     }
 
-    /// Up to `limit` messages of a partition from `from_offset` on, in offset
-    /// order (none for an unknown partition).
+    /// Up to `bound.messages` messages of a partition from `from_offset` on,
+    /// in offset order (none for an unknown partition), ending before the
+    /// message that would take the page past `bound.bytes`. PostgreSQL stops
+    /// reading there too (`stile.read_messages`), and says where it stopped
+    /// with a last row without its payload: a page is never built past its
+    /// bound, on either side.
     pub async fn read_messages(
         &self,
         queue: &str,
@@ -458,34 +462,48 @@ impl Db {
         bound: PageBound,
     ) -> Result<MessagePage, DbError> {
         let limit = i32::try_from(bound.messages.max(0)).unwrap_or(i32::MAX);
+        let max_bytes = i64::try_from(bound.bytes).unwrap_or(i64::MAX);
         let client = self.pool.get().await?;
         let stmt = client
             .prepare_cached(
-                "SELECT \"offset\", message_id, transaction_id, payload, created_ms \
-                 FROM stile.read_messages($1, $2, $3, $4)",
+                "SELECT \"offset\", message_id, transaction_id, payload, created_ms, answer_bytes \
+                 FROM stile.read_messages($1, $2, $3, $4, $5)",
             )
             .await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&queue, &partition, &from_offset, &limit];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [&queue, &partition, &from_offset, &limit, &max_bytes];
         let rows = client.query_raw(&stmt, params).await?;
         futures::pin_mut!(rows);
         let mut page = MessagePage::default();
         let mut bytes = 0usize;
         while let Some(row) = futures::StreamExt::next(&mut rows).await {
-            let message = stored_message(&row?)?;
-            bytes += message.answer_bytes();
-            if bytes > bound.bytes {
-                if page.messages.is_empty() {
-                    return Err(DbError::TooLarge(format!(
-                        "the message at offset {} is {} bytes, more than the answer limit of {} bytes",
-                        message.offset,
-                        message.answer_bytes(),
-                        bound.bytes
-                    )));
+            let row = row?;
+            // The bound is checked here as well, by this build's count: a
+            // function of another build sharing the database during an
+            // upgrade may count otherwise.
+            let crossing = match row.try_get::<_, Option<Json<Box<RawValue>>>>("payload")? {
+                Some(Json(payload)) => {
+                    let message = message_with(&row, payload)?;
+                    bytes += message.answer_bytes();
+                    if bytes <= bound.bytes {
+                        page.messages.push(message);
+                        continue;
+                    }
+                    (message.offset, message.answer_bytes())
                 }
-                page.truncated = true;
-                break;
+                None => {
+                    let answer_bytes: i64 = row.try_get("answer_bytes")?;
+                    (row.try_get("offset")?, usize::try_from(answer_bytes).unwrap_or(usize::MAX))
+                }
+            };
+            if page.messages.is_empty() {
+                let (offset, size) = crossing;
+                return Err(DbError::TooLarge(format!(
+                    "the message at offset {offset} is {size} bytes, more than the answer limit of {} bytes",
+                    bound.bytes
+                )));
             }
-            page.messages.push(message);
+            page.truncated = true;
+            break;
         }
         Ok(page)
     }
@@ -574,7 +592,8 @@ impl Db {
 
 impl StoredMessage {
     /// About what the message takes in an answer: its payload and
-    /// transactionId as stored, and its other fields.
+    /// transactionId as stored, and its other fields. `stile.read_messages`
+    /// counts the same, to stop where the gateway would.
     pub fn answer_bytes(&self) -> usize {
         const FIELDS_BYTES: usize = 128;
         self.payload.get().len() + self.transaction_id.len() * 6 + FIELDS_BYTES
@@ -585,12 +604,16 @@ fn stored_message(row: &tokio_postgres::Row) -> Result<StoredMessage, DbError> {
     // Read as the text stored, like it was written, and answered as is: no
     // tree is built only to be encoded again.
     let Json(payload): Json<Box<RawValue>> = row.try_get("payload")?;
-    let payload = Payload::from(payload);
+    message_with(row, payload)
+}
+
+/// The message of `row` whose payload, already read from it, is `payload`.
+fn message_with(row: &tokio_postgres::Row, payload: Box<RawValue>) -> Result<StoredMessage, DbError> {
     Ok(StoredMessage {
         offset: row.try_get("offset")?,
         message_id: row.try_get("message_id")?,
         transaction_id: row.try_get("transaction_id")?,
-        payload,
+        payload: Payload::from(payload),
         created_ms: row.try_get("created_ms")?,
     })
 }

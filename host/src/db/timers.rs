@@ -68,6 +68,7 @@ pub struct TimerResult {
 #[serde(rename_all = "camelCase")]
 pub struct TimerPage {
     pub rows: Vec<Timer>,
+    /// More timers follow: the page ended at its limit of timers or of bytes.
     pub truncated: bool,
     /// The key to ask for the next page after, when there is one.
     pub next_after: Option<String>,
@@ -163,13 +164,19 @@ pub async fn pending(db: &Db, queue: &str, timer_key: &Key) -> Result<Option<Pen
     Ok(Some(Pending { timer, payload: row.try_get("payload")? }))
 }
 
-/// A page of `queue`'s pending timers, by key, after `after`.
-pub async fn list(db: &Db, queue: &str, after: Option<&Key>, limit: u32) -> Result<TimerPage, DbError> {
+/// A page of `queue`'s pending timers, by key, after `after`: at most
+/// `limit`, ending before the timer that would take the page's timers past
+/// `max_bytes` (as PostgreSQL's jsonb text, which is never shorter than the
+/// gateway's JSON of them). A page ended early by either says `truncated`
+/// and names its last key in `next_after`; a first timer larger than
+/// `max_bytes` is refused with SQLSTATE [`ANSWER_TOO_LARGE`](super::kv::ANSWER_TOO_LARGE).
+pub async fn list(db: &Db, queue: &str, after: Option<&Key>, limit: u32, max_bytes: usize) -> Result<TimerPage, DbError> {
     let client = db.pool().get().await?;
     let after = after.map(Key::as_str);
     let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-    let page: Value =
-        client.query_one("SELECT stile.timers_list($1, $2, $3) AS page", &[&queue, &after, &limit]).await?.try_get("page")?;
+    let max_bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
+    let stmt = client.prepare_cached("SELECT stile.timers_list($1, $2, $3, $4) AS page").await?;
+    let page: Value = client.query_one(&stmt, &[&queue, &after, &limit, &max_bytes]).await?.try_get("page")?;
     TimerPage::deserialize(page)
         .map_err(|e| DbError::Protocol(format!("stile.timers_list answered a page of another shape: {e}")))
 }

@@ -1,0 +1,10 @@
+-- stile schema, version 7: no table changes. This build's reads take a bound
+-- of bytes and stop reading there (stile.read_messages and stile.timers_list
+-- with a p_max_bytes, and the KV reads under stile.kv_apply's bound), with
+-- the previous build's signatures kept beside them.
+--
+-- The version is what keeps those functions in place: a gateway of an
+-- earlier build that starts against a database migrated past its own
+-- migrations leaves the functions it finds (host/src/db/migrate.rs), where
+-- at the same version it could put back its own, whose reads build a whole
+-- page before any bound is applied.
