@@ -92,10 +92,20 @@ impl fmt::Display for StepsReport {
     }
 }
 
+/// A connection for the checks, tried for up to 30 s: the gateways, still
+/// running, keep every connection their pools opened, which can be most of
+/// a server's, and the server's other clients come and go.
 async fn connect(database_url: &str) -> anyhow::Result<tokio_postgres::Client> {
     let mut config = stile::db::pg_config(database_url).map_err(|e| anyhow!("{e}"))?;
     config.connect_timeout(Duration::from_secs(10));
-    crate::pg::connect(&config).await.map_err(|e| anyhow!("connect to {database_url}: {e}"))
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match crate::pg::connect(&config).await {
+            Ok(client) => return Ok(client),
+            Err(error) if Instant::now() >= deadline => return Err(anyhow!("connect to {database_url}: {error}")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
 }
 
 /// The steps' queues and key namespace, beside the run's queue.
