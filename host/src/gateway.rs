@@ -147,6 +147,7 @@ impl Gateway {
                 transaction_ids: messages.iter().map(|m| m.transaction_id.clone()).collect(),
                 payloads: messages.iter().map(|m| m.payload.clone()).collect(),
                 hash_floors: None,
+                replays: false,
             });
         }
         let outcomes = push_on(client, clock_floor, &segments).await?;

@@ -110,7 +110,11 @@ impl Metrics {
         {
             let mut r = metrics.registry.lock().expect("not poisoned");
             r.register("pushes", "Pushed messages by final status", metrics.pushes.clone());
-            r.register("segments", "Segments pushed by probe mode (skipped, narrowed, full, off)", metrics.segments.clone());
+            r.register(
+                "segments",
+                "Segments pushed by probe mode (skipped, narrowed, full, committed, off)",
+                metrics.segments.clone(),
+            );
             r.register(
                 "hydrations",
                 "Cache hydrations by outcome (installed, refused, lost, suppressed)",
@@ -241,13 +245,7 @@ impl Metrics {
     }
 
     pub fn segment(&self, probe: ProbeMode) {
-        let probe = match probe {
-            ProbeMode::Skipped => "skipped",
-            ProbeMode::Narrowed => "narrowed",
-            ProbeMode::Full => "full",
-            ProbeMode::Off => "off",
-        };
-        self.segments.get_or_create(&ProbeLabel { probe }).inc();
+        self.segments.get_or_create(&ProbeLabel { probe: probe.as_str() }).inc();
     }
 
     /// A hydration's outcome: `installed`, `refused` (malformed or window

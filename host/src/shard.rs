@@ -697,6 +697,7 @@ impl Worker {
             in_flight.state = plan.state;
             in_flight.p_verified = plan.p_verified;
             self.metrics.flush_size(in_flight.segment.slots.len());
+            let replays = in_flight.segment.all_named(&plan.local_hits);
             let slots = &mut in_flight.segment.slots;
             pushes.push(SegmentPush {
                 partition_id: in_flight.partition_id,
@@ -707,6 +708,7 @@ impl Worker {
                 transaction_ids: slots.iter_mut().map(|s| std::mem::take(&mut s.message.transaction_id)).collect(),
                 payloads: slots.iter_mut().map(|s| std::mem::replace(&mut s.message.payload, Payload::null())).collect(),
                 hash_floors,
+                replays,
             });
             segments.push(in_flight);
         }

@@ -111,7 +111,7 @@ pub use steps::StepsReport;
 use steps::{check_steps, produce_steps, wait_for_due_timers};
 use truth::read_stored;
 pub use vitals::{Latency, Sample};
-use workload::{probe, produce};
+use workload::{probe, produce, storm};
 
 /// Slack for comparing our clock readings with PostgreSQL's (both read the
 /// same system clock; this only covers rounding).
@@ -167,6 +167,9 @@ pub struct Config {
     /// Single-item pushes a second, sent open-loop round robin over every
     /// partition (see `workload::probe`); 0 for none.
     pub probe_rate: f64,
+    /// Producers of a retry storm: new ids for a third of the run, then
+    /// replays of them as fast as they are answered (see `workload::storm`).
+    pub storm_producers: usize,
 }
 
 impl Config {
@@ -195,6 +198,7 @@ impl Config {
             long_window_seconds: 3600,
             steps_producers: 1,
             probe_rate: 0.0,
+            storm_producers: 0,
         }
     }
 }
@@ -734,7 +738,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
     let started = Instant::now();
     let mut report = Report {
         summary: format!(
-            "seed {:#x}, {} s, {} producers at {} req/s, {} partitions (hot groups of {} moving every {:?}), batches 1..={}, {}% repeats, {}% shared ids, {} probes/s, gateways [{}]",
+            "seed {:#x}, {} s, {} producers at {} req/s, {} partitions (hot groups of {} moving every {:?}), batches 1..={}, {}% repeats, {}% shared ids, {} probes/s, {} storm producers, gateways [{}]",
             config.seed,
             config.duration.as_secs(),
             config.producers,
@@ -746,6 +750,7 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
             config.repeat_percent,
             config.shared_percent,
             config.probe_rate,
+            config.storm_producers,
             config.gateways.iter().map(|g| format!("{} {}", g.label, g.args.join(" "))).collect::<Vec<_>>().join("; ")
         ),
         ..Report::default()
@@ -822,6 +827,11 @@ pub async fn run(config: &Config) -> anyhow::Result<Report> {
         let config = config.clone();
         let book = book.clone();
         producers.push(tokio::spawn(async move { produce(producer, &config, &book, t0, end).await }));
+    }
+    for storm_producer in 0..config.storm_producers {
+        let config = config.clone();
+        let book = book.clone();
+        producers.push(tokio::spawn(async move { storm(storm_producer, &config, &book, t0, end).await }));
     }
     let prober = (config.probe_rate > 0.0).then(|| {
         let config = config.clone();

@@ -201,6 +201,7 @@ pub fn segment(
         transaction_ids: transaction_ids.iter().map(|&t| bytestring::ByteString::from(t)).collect(),
         payloads: transaction_ids.iter().map(|t| Payload::from(&serde_json::json!({ "txn": t }))).collect(),
         hash_floors: None,
+        replays: false,
     }
 }
 

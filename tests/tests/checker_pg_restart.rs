@@ -1,6 +1,7 @@
 //! The exactness checker across a PostgreSQL restart: two gateways on one
-//! database, producers retrying through the outage, and every answer checked
-//! against PostgreSQL afterwards.
+//! database, producers retrying through the outage, a retry storm replaying
+//! stored ids at full speed across it, and every answer checked against
+//! PostgreSQL afterwards.
 //!
 //! This restarts the PostgreSQL cluster the test database lives on
 //! (`pg_ctlcluster --skip-systemctl-redirect VERSION NAME restart`, the
@@ -18,6 +19,7 @@ async fn exact_across_a_postgres_restart() {
     let t = TestDb::new().await;
     let mut config = Config::new(&t.url(), Duration::from_secs(16));
     config.producers = 4;
+    config.storm_producers = 2;
     config.gateways = vec![GatewaySpec::plain("g0"), GatewaySpec::traps("g1-traps", 20_000)];
     config.faults = Faults { pg_restart_at: vec![Duration::from_secs(6)], ..Faults::default() };
     let report = checker::run(&config).await.expect("the checker runs");
@@ -27,4 +29,5 @@ async fn exact_across_a_postgres_restart() {
     assert!(report.fault_errors.is_empty(), "a fault could not be injected:\n{report}");
     assert_eq!(report.pg_restarts, 1, "{report}");
     assert!(report.queued >= 500, "too little traffic:\n{report}");
+    assert!(report.probes.get("committed").is_some_and(|&n| n > 0), "no replay was judged unlocked:\n{report}");
 }

@@ -365,6 +365,47 @@ async fn a_hash_that_a_row_holds_only_across_two_hashes_is_not_found_there() {
     }
 }
 
+/// Replays of requests stored side by side in rows of one message each,
+/// floored together (as the cache floors what arrived in one step): the
+/// row just above the floor does not hold them all, and rather than read
+/// every row of the span (here 4,000), the probe looks for each in the 128
+/// offsets above the floor, reading those rows once for all of them.
+#[tokio::test]
+async fn replays_stored_in_rows_side_by_side_are_found_above_their_shared_floor() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap();
+    let names: Vec<String> = (0..8).map(|i| format!("r{i}")).collect();
+    let mut originals = Vec::new();
+    for name in &names {
+        let s = segment(p.id, &[name], -1, 3600);
+        originals.push(s.message_ids[0]);
+        t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
+    }
+    let c = t.client().await;
+    c.batch_execute(&format!(
+        "INSERT INTO stile.txns SELECT {id}, g, g, now(), decode(md5(g::text), 'hex') FROM generate_series(8, 4007) AS g; \
+         UPDATE stile.partitions SET last_offset = 4007 WHERE id = {id}; ANALYZE stile.log;",
+        id = p.id
+    ))
+    .await
+    .unwrap();
+    let replayed = ["r2", "r5", "r3"];
+    let retry = segment(p.id, &replayed, 0, 3600);
+    let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass) AS entries_read";
+    c.batch_execute("BEGIN").await.unwrap();
+    let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get("entries_read");
+    let row = push_in_sql(&c, &retry, Some(0)).await;
+    let read = c.query_one(index_reads, &[]).await.unwrap().get::<_, i64>("entries_read") - before;
+    c.batch_execute("ROLLBACK").await.unwrap();
+    let (probe, idx, off): (String, Vec<i32>, Vec<i64>) = (row.get("probe"), row.get("dup_idx"), row.get("dup_off"));
+    assert_eq!(probe, "narrowed");
+    assert_eq!((idx, off), (vec![0, 1, 2], vec![2, 5, 3]));
+    assert!(read < 200, "{read} index entries read for three replays floored together");
+    let out = t.db.push_bundle(ClockFloor::EPOCH, &[retry]).await.unwrap();
+    let ids: Vec<uuid::Uuid> = out[0].duplicates.iter().map(|d| d.message_id).collect();
+    assert_eq!(ids, vec![originals[2], originals[5], originals[3]]);
+}
+
 /// A retry floored just below its original reads one entry of end_offset's
 /// index however many rows follow it: the probe's plan walks the index in
 /// order and stops at the first row (a plan that gathered the span and sorted

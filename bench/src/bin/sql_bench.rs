@@ -226,6 +226,7 @@ async fn run_stile(db: &Db, level: &Level, mode: Mode, size: usize, secs: f64, s
                 transaction_ids: vec![bytestring::ByteString::new(); size],
                 payloads: (0..size as u64).map(|n| Payload::from(&payload(n))).collect(),
                 hash_floors: None,
+                replays: false,
             };
             while Instant::now() < deadline {
                 s.p_verified = if matches!(mode, Mode::Vouched | Mode::Retry) { last } else { -1 };

@@ -137,17 +137,17 @@ $$;
 -- The segment's hashes (p_hashes) each found above its own floor (p_floors,
 -- see stile.floor_at), in the rows of partition p_pid inside the window
 -- (created at or after p_since) with end_offset up to p_last, floors below
--- p_from raised to it: per hash, its index, its first occurrence's offset
--- and that message's id (NULL once retention removed it); NULLs unless
--- every hash is found.
+-- p_from raised to it (and every floor p_from where p_floors is NULL): per
+-- hash, its index, its first occurrence's offset and that message's id
+-- (NULL once retention removed it); NULLs unless every hash is found.
 --
 -- Each hash is looked for in the 128 offsets above its floor, row by row
 -- from the one holding the floor's next offset (or the first above it), in
 -- each from the first offset not yet searched; where a row holds fewer than
 -- 16 hashes, the rows after it up to the one holding the floor's 128th
--- offset are read together instead. Its first aligned match is its first
--- occurrence above the floor, which vouches for the rest. The hashes are
--- taken by ascending floor, so that a row read for one serves the next
+-- offset are read together instead (once for the hashes of one floor). Its
+-- first aligned match is its first occurrence above the floor, which
+-- vouches for the rest. The hashes are taken by ascending floor, so that a row read for one serves the next
 -- ones it holds: whole where it holds fewer than 256 hashes per hash of the
 -- segment, else in a slice for each. A row outside the window, rows read
 -- together that are apart (an offset between them in no row), a hash not
@@ -166,7 +166,7 @@ CREATE OR REPLACE FUNCTION stile.found_above_floors(
     OUT dup_off bigint[],
     OUT dup_ids uuid[]
 )
-LANGUAGE plpgsql
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     v_count integer := length(p_hashes) / 16;
@@ -185,6 +185,11 @@ DECLARE
     v_slice bytea;         -- the slice's hashes
     v_slice_mids bytea;    -- and message ids
     v_span_held boolean;   -- whether the rows after that row are contiguous and inside the window
+    v_span_floor bigint;   -- the floor and the row those rows were read after (a later hash of
+    v_span_after bigint;   -- the same floor reads them again only past another row)
+    v_span_base bigint;    -- their first offset, hashes and message ids
+    v_span bytea;
+    v_span_mids bytea;
     v_found integer := 0;  -- hashes found
 BEGIN
     dup_off := array_fill(NULL::bigint, ARRAY[v_count]);
@@ -223,14 +228,14 @@ BEGIN
             v_at := position(v_hash IN v_slice) - 1;
             EXIT WHEN v_at >= 0;
             EXIT hashes WHEN v_row_end >= least(v_floor + 128, p_last);
-            IF v_row_end - v_row_base < 15 THEN
+            IF v_row_end - v_row_base < 15 AND (v_span_floor, v_span_after) IS DISTINCT FROM (v_floor, v_row_end) THEN
                 SELECT min(r.base_offset),
                        sum(r.end_offset - r.base_offset + 1) = max(r.end_offset) - min(r.base_offset) + 1
                            AND bool_and(r.created_at >= p_since),
                        string_agg(r.hashes, '\x'::bytea ORDER BY r.end_offset),
                        string_agg(coalesce(r.message_ids, stile.no_message_ids(r.base_offset, r.end_offset)), '\x'::bytea
                                   ORDER BY r.end_offset)
-                  INTO v_slice_base, v_span_held, v_slice, v_slice_mids
+                  INTO v_span_base, v_span_held, v_span, v_span_mids
                   FROM (SELECT r0.base_offset, r0.end_offset, r0.created_at, r0.hashes, r0.message_ids
                           FROM stile.log r0
                          WHERE r0.partition_id = p_pid AND r0.end_offset > v_row_end
@@ -242,7 +247,14 @@ BEGIN
                           ORDER BY r1.end_offset
                           LIMIT 1)) AS r
                  WHERE r.base_offset <= v_floor + 128;
-                EXIT hashes WHEN v_slice_base IS DISTINCT FROM v_row_end + 1 OR NOT v_span_held;
+                v_span_floor := v_floor;
+                v_span_after := v_row_end;
+            END IF;
+            IF v_row_end - v_row_base < 15 THEN
+                EXIT hashes WHEN v_span_base IS DISTINCT FROM v_row_end + 1 OR NOT v_span_held;
+                v_slice_base := v_span_base;
+                v_slice := v_span;
+                v_slice_mids := v_span_mids;
                 v_at := position(v_hash IN substring(v_slice FROM 1 FOR 16 * 128)) - 1;
                 EXIT;
             END IF;
@@ -286,7 +298,13 @@ $$;
 -- (stile.found_above_floors: a replay of ids of many requests, each found in
 -- a slice of one or a few rows instead of in every row of the span); when
 -- every hash is found there, that is the answer, and otherwise the probe
--- goes on as without floors.
+-- goes on as without floors. A narrowed probe without floors does the same
+-- before it reads the whole span, every hash's floor its p_from.
+--
+-- STABLE, as stile.found_above_floors: every read of one probe sees the
+-- snapshot of the statement that calls it, so that a probe without the
+-- partition's row lock (stile.found_committed) reads the log as of the one
+-- moment it read the partition's row.
 DROP FUNCTION IF EXISTS stile.probe(bigint, bigint, bigint, integer, timestamptz, bytea, boolean);
 CREATE OR REPLACE FUNCTION stile.probe(
     p_pid bigint,
@@ -301,7 +319,7 @@ CREATE OR REPLACE FUNCTION stile.probe(
     OUT dup_off bigint[],
     OUT dup_ids uuid[]
 )
-LANGUAGE plpgsql
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     v_count integer := length(p_hashes) / 16;
@@ -511,6 +529,18 @@ BEGIN
         END IF;
     END IF;
 
+    IF p_narrowed AND p_floors IS NULL THEN
+        -- Before the whole span, a narrowed segment without floors of its
+        -- own takes the cache's vouch as every hash's floor: replays of
+        -- several requests stored side by side in small rows, floored
+        -- together, are found in the rows just above it.
+        SELECT f.dup_idx, f.dup_off, f.dup_ids INTO dup_idx, dup_off, dup_ids
+          FROM stile.found_above_floors(p_pid, p_from, p_last, v_since, p_hashes, NULL) AS f;
+        IF dup_idx IS NOT NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+
     SELECT array_agg(d.idx ORDER BY d.idx),
            array_agg(d.off ORDER BY d.idx),
            array_agg(o.mid ORDER BY d.idx)
@@ -684,6 +714,46 @@ AS $$
                             coalesce(cardinality(p_payloads), 0)])
 $$;
 
+-- The verdict on a segment of replays (every hash one the cache has seen)
+-- from what is committed, without the partition's row lock: one row of its
+-- window, how it was probed, and every hash's original, or no row unless
+-- every hash is found (then only the locked path can decide). The
+-- partition's row and the log are read in one snapshot (this function and
+-- the probe are STABLE, and the statement calling it takes one), and the
+-- probe's span ends at the allocator of that row, whose offsets are all
+-- committed in it: nothing another session writes later lies below it.
+-- ARCHITECTURE.md (invariant 1) says why this verdict is the one the lock
+-- would give. PL/pgSQL with RETURN QUERY, as the readers are, for a
+-- distributed database (see reads.sql).
+CREATE OR REPLACE FUNCTION stile.found_committed(
+    p_pid bigint,
+    p_vouch bigint,
+    p_planned_window integer,
+    p_now timestamptz,
+    p_holds_from timestamptz,
+    p_hashes bytea,
+    p_floors bytea
+)
+RETURNS TABLE (window_seconds integer, probe text, dup_idx integer[], dup_off bigint[], dup_ids uuid[])
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT p.dedup_window_seconds, b.kind, f.dup_idx, f.dup_off, f.dup_ids
+      FROM stile.partitions p
+     CROSS JOIN LATERAL (SELECT stile.probe_from(stile.vouched_upto(p_vouch, p_planned_window, p.dedup_window_seconds),
+                                                 p.last_offset, p.txns_start) AS probe_from) s
+     CROSS JOIN LATERAL (SELECT stile.probe_kind(p.dedup_window_seconds, p.last_offset, s.probe_from, p.txns_start) AS kind) b
+     CROSS JOIN LATERAL stile.probe(p.id, s.probe_from, p.last_offset, p.dedup_window_seconds, p_now, p_hashes,
+                                    b.kind = 'narrowed',
+                                    stile.held_floors(p_floors, p_now, p_holds_from, p_planned_window,
+                                                      p.dedup_window_seconds)) AS f
+     WHERE p.id = p_pid
+       AND b.kind IN ('narrowed', 'full')
+       AND cardinality(f.dup_idx) = length(p_hashes) / 16;
+END
+$$;
+
 -- The columns of a log row holding segment p_seg's messages less its
 -- duplicates (stile.kept_columns). A segment whose JSON arrays do not hold
 -- one element per hash fails the call, and with it the bundle: nothing of a
@@ -731,6 +801,9 @@ $$;
 --                         cache vouches that that hash does not occur, each
 --                         at or above p_verified[i] (the array itself may be
 --                         NULL: no segment has them)
+--   p_replays[i]          whether every hash of it is one the cache has seen
+--                         (likely all duplicates; the array may be NULL: no
+--                         segment is)
 -- p_route is the partition by which a distributed database routes the call
 -- (any partition of the bundle: a bundle holds partitions of one node); it
 -- decides nothing here. p_clock_floor_ms is what the cache assumed of this
@@ -760,6 +833,12 @@ $$;
 -- with the window at 0), and base_offset and created_ms say where and when.
 -- A segment of duplicates only returns no base_offset.
 --
+-- A segment of replays of a partition this call has not locked is first
+-- judged from what is committed, without the lock (stile.found_committed):
+-- when every hash is found there, that is its verdict (probe 'committed'),
+-- and a call whose segments are all judged so takes no lock, writes nothing
+-- and commits without a transaction id. Otherwise the lock decides.
+--
 -- The first segment of each partition tries the verdict and the allocation
 -- as one statement: the allocator's UPDATE is conditioned on the verdict
 -- (window 0, or a vouch that is not void and covers every stored offset),
@@ -767,13 +846,16 @@ $$;
 -- Otherwise the row is locked and the probe decides.
 --
 -- probe: 'off' (window 0), 'skipped' (nothing above the bound), 'narrowed'
--- (bound set by p_verified) or 'full' (bound set by txns_start or -1).
+-- (bound set by p_verified), 'full' (bound set by txns_start or -1) or
+-- 'committed' (every hash found without the lock; only for p_replays).
 -- clock_ms is clock_timestamp() when the segment was probed, in ms since the
 -- epoch, rounded down: a reading of this database's clock, from which a
 -- gateway bounds it (guest/src/clock.rs).
--- The hash floors came last, with a default, so that the gateways of the
--- build before them keep calling this function unchanged.
+-- The hash floors and the replays came last, with defaults, so that the
+-- gateways of the builds before them keep calling this function unchanged
+-- (and are never answered 'committed', which they do not know).
 DROP FUNCTION IF EXISTS stile.push(bigint, bigint[], bigint[], integer[], integer[], bytea[], bytea[], text[], text[], bigint);
+DROP FUNCTION IF EXISTS stile.push(bigint, bigint[], bigint[], integer[], integer[], bytea[], bytea[], text[], text[], bigint, bytea[]);
 CREATE OR REPLACE FUNCTION stile.push(
     p_route bigint,
     p_partition_ids bigint[],
@@ -785,7 +867,8 @@ CREATE OR REPLACE FUNCTION stile.push(
     p_transaction_ids text[],
     p_payloads text[],
     p_clock_floor_ms bigint,
-    p_hash_floors bytea[] DEFAULT NULL
+    p_hash_floors bytea[] DEFAULT NULL,
+    p_replays boolean[] DEFAULT NULL
 )
 RETURNS TABLE (
     seg integer,
@@ -818,12 +901,14 @@ DECLARE
     v_planned integer;    -- the window the cache planned under
     v_from bigint;        -- the bound the probe reads above
     v_allocated boolean;  -- whether the verdict and the allocation were one statement
+    v_committed boolean;  -- whether the verdict came from what is committed, unlocked
     v_row stile.log%ROWTYPE;    -- the log row of a segment stored
     v_rows stile.log[] := '{}';  -- the log rows of the segments stored, not yet written
     v_stored boolean := false;  -- whether any segment stored a log row
 BEGIN
     IF NOT stile.bundle_aligned(v_n, p_verified, p_planned_windows, p_counts, p_hashes, p_message_ids,
-                                p_transaction_ids, p_payloads, p_hash_floors) THEN
+                                p_transaction_ids, p_payloads, p_hash_floors)
+       OR coalesce(cardinality(p_replays), v_n) <> v_n THEN
         RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR j IN 1 .. v_n LOOP
@@ -847,7 +932,20 @@ BEGIN
         clock_ms := floor(extract(epoch FROM v_now) * 1000)::bigint;
         base_offset := NULL; created_ms := NULL; dup_idx := NULL; dup_off := NULL; dup_ids := NULL;
         v_allocated := false;
-        IF v_pid IS DISTINCT FROM v_locked_pid THEN
+        v_committed := false;
+        IF p_replays[i] AND v_pid IS DISTINCT FROM v_locked_pid THEN
+            SELECT c.window_seconds, c.probe, c.dup_idx, c.dup_off, c.dup_ids
+              INTO window_seconds, probe, dup_idx, dup_off, dup_ids
+              FROM stile.found_committed(v_pid, v_vouch, v_planned, v_now, v_holds_from, p_hashes[i], p_hash_floors[i]) AS c;
+            v_committed := FOUND;
+            IF v_committed THEN
+                probe := 'committed';
+                v_count := 0;
+            END IF;
+        END IF;
+        IF v_committed THEN
+            NULL;
+        ELSIF v_pid IS DISTINCT FROM v_locked_pid THEN
             -- Lock: the verdict and the allocation are one statement where the
             -- allocator's condition holds on the row the UPDATE locks (its
             -- latest version); otherwise the row is locked and the probe decides.
@@ -868,22 +966,24 @@ BEGIN
             v_locked_pid := v_pid;
             v_locked := v_last - CASE WHEN v_allocated THEN v_count ELSE 0 END;
         END IF;
-        -- Bound the probe (nothing lies above an allocation just made),
-        -- probe, and allocate what it proved new.
-        v_from := CASE WHEN v_allocated THEN v_last
-                       ELSE stile.probe_from(stile.vouched_upto(v_vouch, v_planned, v_window), v_locked, v_start) END;
-        probe := stile.probe_kind(v_window, v_last, v_from, v_start);
-        IF probe IN ('narrowed', 'full') THEN
-            SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
-              FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed',
-                               stile.held_floors(p_hash_floors[i], v_now, v_holds_from, v_planned, v_window)) AS r;
-            v_count := v_count - coalesce(cardinality(dup_idx), 0);
+        IF NOT v_committed THEN
+            -- Bound the probe (nothing lies above an allocation just made),
+            -- probe, and allocate what it proved new.
+            v_from := CASE WHEN v_allocated THEN v_last
+                           ELSE stile.probe_from(stile.vouched_upto(v_vouch, v_planned, v_window), v_locked, v_start) END;
+            probe := stile.probe_kind(v_window, v_last, v_from, v_start);
+            IF probe IN ('narrowed', 'full') THEN
+                SELECT r.dup_idx, r.dup_off, r.dup_ids INTO dup_idx, dup_off, dup_ids
+                  FROM stile.probe(v_pid, v_from, v_last, v_window, v_now, p_hashes[i], probe = 'narrowed',
+                                   stile.held_floors(p_hash_floors[i], v_now, v_holds_from, v_planned, v_window)) AS r;
+                v_count := v_count - coalesce(cardinality(dup_idx), 0);
+            END IF;
+            IF NOT v_allocated AND v_count > 0 THEN
+                v_last := v_last + v_count;
+                UPDATE stile.partitions SET last_offset = v_last WHERE id = v_pid;
+            END IF;
+            window_seconds := v_window;
         END IF;
-        IF NOT v_allocated AND v_count > 0 THEN
-            v_last := v_last + v_count;
-            UPDATE stile.partitions SET last_offset = v_last WHERE id = v_pid;
-        END IF;
-        window_seconds := v_window;
         IF v_count > 0 THEN
             -- Store: one log row of its messages less its duplicates, in
             -- order, written with the call's other rows below.

@@ -27,6 +27,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 5, name: "partition window", sql: include_str!("../../sql/migrations/0005_partition_window.sql") },
     Migration { version: 6, name: "timer sizes", sql: include_str!("../../sql/migrations/0006_timer_sizes.sql") },
     Migration { version: 7, name: "bounded reads", sql: include_str!("../../sql/migrations/0007_bounded_reads.sql") },
+    Migration { version: 8, name: "committed verdict", sql: include_str!("../../sql/migrations/0008_committed_verdict.sql") },
 ];
 
 /// The functions (and views) the gateway and its readers use. Unlike the

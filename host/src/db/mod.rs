@@ -83,6 +83,11 @@ pub struct SegmentPush {
     /// every row above `p_verified`. `None`: the segment is probed from
     /// `p_verified`.
     pub hash_floors: Option<Vec<i64>>,
+    /// Whether every hash of the segment is one the cache has seen (likely
+    /// all duplicates): the push function then first looks for every
+    /// original among committed rows without the partition's row lock, and
+    /// takes the lock only when one is not found there.
+    pub replays: bool,
 }
 
 impl SegmentPush {
@@ -120,6 +125,9 @@ pub enum ProbeMode {
     Narrowed,
     /// Probed the whole window (above the purge watermark).
     Full,
+    /// A segment of replays whose every hash was found among committed rows,
+    /// without the partition's row lock: all duplicates, nothing locked.
+    Committed,
     /// The window is 0: no probe (the hashes were still written).
     Off,
 }
@@ -131,6 +139,7 @@ impl ProbeMode {
             ProbeMode::Skipped => "skipped",
             ProbeMode::Narrowed => "narrowed",
             ProbeMode::Full => "full",
+            ProbeMode::Committed => "committed",
             ProbeMode::Off => "off",
         }
     }
@@ -140,6 +149,7 @@ impl ProbeMode {
             "skipped" => ProbeMode::Skipped,
             "narrowed" => ProbeMode::Narrowed,
             "full" => ProbeMode::Full,
+            "committed" => ProbeMode::Committed,
             "off" => ProbeMode::Off,
             other => return Err(DbError::Protocol(format!("unknown probe mode {other:?}"))),
         })
@@ -294,7 +304,7 @@ pub struct PurgeReport {
 }
 
 const PUSH_SQL: &str = "SELECT seg, base_offset, created_ms, window_seconds, probe, dup_idx, dup_off, dup_ids, clock_ms \
-     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
 
 impl Db {
     /// Opens a pool of at most `pool_size` connections to `url` (libpq
@@ -723,6 +733,7 @@ pub async fn push_on(
     let mut transaction_ids = Vec::with_capacity(segments.len());
     let mut payloads = Vec::with_capacity(segments.len());
     let mut hash_floors = Vec::with_capacity(segments.len());
+    let mut replays = Vec::with_capacity(segments.len());
     for &i in &order {
         let s = &segments[i];
         let n = s.len();
@@ -746,9 +757,11 @@ pub async fn push_on(
         transaction_ids.push(JsonStrings(&s.transaction_ids));
         payloads.push(JsonTexts(&s.payloads));
         hash_floors.push(s.hash_floors.as_deref().map(PackedFloors));
+        replays.push(s.replays);
     }
     // No floors at all: NULL, not an array of NULLs.
     let hash_floors = hash_floors.iter().any(Option::is_some).then_some(hash_floors);
+    let replays = replays.contains(&true).then_some(replays);
     let route = partition_ids[0];
     let stmt = client.prepare_cached(PUSH_SQL).await?;
     let rows = client
@@ -766,6 +779,7 @@ pub async fn push_on(
                 &payloads,
                 &clock_floor.0,
                 &hash_floors,
+                &replays,
             ],
         )
         .await?;

@@ -86,6 +86,10 @@ struct Args {
     /// Producers of transactions and timers (checker/steps.rs).
     #[arg(long, default_value_t = 1)]
     steps_producers: usize,
+    /// Producers of a retry storm: new ids for a third of the run, then
+    /// replays of them, in order and at random, as fast as they are answered.
+    #[arg(long, default_value_t = 2)]
+    storm_producers: usize,
     /// Requests per second per producer; 0 for as fast as answers come.
     #[arg(long, default_value_t = 40.0)]
     rate: f64,
@@ -278,6 +282,7 @@ fn config(args: &Args, url: &str) -> anyhow::Result<Config> {
     }
     config.producers = args.producers;
     config.steps_producers = args.steps_producers;
+    config.storm_producers = args.storm_producers;
     config.rate = args.rate;
     config.partitions = args.partitions;
     config.hot_partitions = args.hot_partitions;

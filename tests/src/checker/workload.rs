@@ -79,6 +79,61 @@ pub(super) async fn produce(producer: usize, config: &Config, book: &AddressBook
     requests
 }
 
+/// A retry storm: a producer that sends new ids of its own for the first
+/// third of the run, then re-sends them, without pausing, until the run
+/// ends: every other request replays the next ids in the order they were
+/// first sent, the others ids picked at random, so that the gateways answer
+/// replays of stored ids at full speed, recent and old, while the faults
+/// run. Its producer number is `config.producers + 1 + storm` (after the
+/// probes'); a replay is a `Kind::Repeat`, held to its original by the same
+/// checks as every other answer.
+pub(super) async fn storm(storm: usize, config: &Config, book: &AddressBook, t0: Instant, end: Instant) -> Vec<Request> {
+    let producer = config.producers + 1 + storm;
+    let mut rng = StdRng::seed_from_u64(config.seed ^ 0x5702_3000 ^ (storm as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut clients: Vec<Option<(u32, Client)>> = (0..config.gateways.len()).map(|_| None).collect();
+    let mut requests = Vec::new();
+    let mut sent: Vec<Item> = Vec::new();
+    let replay_from = t0 + (end - t0) / 3;
+    let mut cursor = 0usize;
+    for seq in 0u64.. {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        let count = rng.random_range(1..=config.max_batch);
+        let items: Vec<Item> = if now < replay_from || sent.is_empty() {
+            (0..count)
+                .map(|_| {
+                    let txn = format!("p{producer}-{}", sent.len());
+                    let item = Item { partition: partition_of(&txn, t0.elapsed(), config), txn, kind: Kind::New };
+                    sent.push(item.clone());
+                    item
+                })
+                .collect()
+        } else {
+            let in_order = seq % 2 == 0;
+            let mut picked: Vec<Item> = Vec::with_capacity(count);
+            for _ in 0..count {
+                let at = if in_order {
+                    cursor = (cursor + 1) % sent.len();
+                    cursor
+                } else {
+                    rng.random_range(0..sent.len())
+                };
+                // An id once per request: a request's repeats follow its first.
+                if !picked.iter().any(|item| item.txn == sent[at].txn) {
+                    picked.push(Item { kind: Kind::Repeat, ..sent[at].clone() });
+                }
+            }
+            picked
+        };
+        let mut request = Request { producer, seq, items, attempts: Vec::new() };
+        send(&mut request, config, book, &mut clients, &mut rng).await;
+        requests.push(request);
+    }
+    requests
+}
+
 /// Probes: single-item pushes with ids of their own (`probe-{n}`), sent
 /// open-loop at `config.probe_rate` a second, round robin over every
 /// partition, each request on a task and connections of its own, so that a

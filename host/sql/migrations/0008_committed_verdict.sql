@@ -1,0 +1,11 @@
+-- stile schema, version 8: no table changes. This build's push function
+-- takes which segments are replays (stile.push's p_replays) and judges them
+-- from what is committed, without the partition's row lock, when every hash
+-- is found there (probe 'committed'); the previous build's calls, without
+-- p_replays, are answered as before.
+--
+-- The version is what keeps that function in place: a gateway of an
+-- earlier build that starts against a database migrated past its own
+-- migrations leaves the functions it finds (host/src/db/migrate.rs), where
+-- at the same version it could put back its own push function beside this
+-- one, and a call of the previous build's would then match both.
