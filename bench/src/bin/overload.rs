@@ -41,7 +41,7 @@ use hyper_util::rt::TokioIo;
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use stile_bench::{count, load_average, machine, percentile_ms, run_to_end, seconds, server_version, write_push_body};
-use stile_tests::gateway::{Client, Gateway, fresh_database, metric};
+use stile_tests::gateway::{Client, Gateway, fresh_database, metric, metric_total};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -151,6 +151,9 @@ struct Phase {
     outcomes: Outcomes,
     peak_rss_mib: f64,
     peak_held_mib: f64,
+    /// What the cache accounts for, at its peak: most of the resident set
+    /// that is not the intake's.
+    peak_cache_mib: f64,
     peak_waiting: f64,
     /// Requests the gateway counted as waited for room and as shed.
     waited: f64,
@@ -166,8 +169,10 @@ struct After {
     first_201_s: Option<f64>,
     /// From the end of the burst to the first scrape with nothing held.
     held_zero_s: Option<f64>,
-    /// The gateway's resident memory once both were measured.
+    /// The gateway's resident memory once both were measured, and
+    /// [`SETTLE`] after the burst ended.
     rss_after_mib: f64,
+    rss_settled_mib: f64,
     /// From SIGTERM to the process's exit, if it exited within the limit.
     exit_s: Option<f64>,
     exit_limit_s: f64,
@@ -241,6 +246,10 @@ struct Exactness {
     stored_twice: u64,
     unacked_ids: u64,
     unacked_stored: u64,
+    /// Of them, ids of requests cut when the first burst ended (or by the
+    /// end of a baseline): requests the gateway took on for clients that
+    /// had already gone.
+    unacked_stored_first: u64,
     /// Stored ids no client of the phase sent.
     unknown: u64,
 }
@@ -298,10 +307,10 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
     println!();
     println!(
         "| phase | connections | msgs/request | accepted msg/s | vs {} connections | p50 ms | p99 ms \
-         | longest attempt s: 201 / 503 / cut | attempts | 503 | other outcomes | peak RSS MiB | peak held MiB | peak waiting | waited | shed |",
+         | longest attempt s: 201 / 503 / cut | attempts | 503 | other outcomes | peak RSS MiB | peak cache MiB | peak held MiB | peak waiting | waited | shed |",
         args.baseline_conns
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut baseline = f64::NAN;
     for p in phases {
         if p.after.is_none() {
@@ -309,7 +318,7 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
         }
         let o = &p.outcomes;
         println!(
-            "| {} | {} | {} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {} | {:.1} % | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {} | {:.1} % | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
             p.name,
             p.conns,
             p.items,
@@ -324,6 +333,7 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
             100.0 * o.shed as f64 / o.attempts.max(1) as f64,
             o.others(),
             p.peak_rss_mib,
+            p.peak_cache_mib,
             p.peak_held_mib,
             p.peak_waiting,
             p.waited,
@@ -333,18 +343,20 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
     let secs = |s: Option<f64>, limit: f64| s.map_or_else(|| format!("> {limit:.0}"), |s| format!("{s:.2}"));
     println!();
     println!(
-        "| burst | 201 after the burst s | held 0 after s | RSS after MiB | exit after SIGTERM s (limit) \
-         | 2nd burst attempts: 201 / 503 / other |"
+        "| burst | 201 after the burst s | held 0 after s | RSS then MiB | RSS {} s after MiB | exit after SIGTERM s (limit) \
+         | 2nd burst attempts: 201 / 503 / other |",
+        SETTLE.as_secs()
     );
-    println!("|---|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---|");
     for p in phases {
         let Some(a) = &p.after else { continue };
         println!(
-            "| {} | {} | {} | {:.0} | {} ({:.0}, {}) | {} / {} / {} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {} ({:.0}, {}) | {} / {} / {} |",
             p.name,
             secs(a.first_201_s, args.recovery_limit),
             secs(a.held_zero_s, args.recovery_limit),
             a.rss_after_mib,
+            a.rss_settled_mib,
             secs(a.exit_s, a.exit_limit_s),
             a.exit_limit_s,
             a.exit_status,
@@ -356,14 +368,22 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
     println!();
     println!(
         "| phase | requests acknowledged | ids acknowledged | acknowledged ids lost | stored twice \
-         | unacknowledged ids | of them stored | stored ids never sent |"
+         | unacknowledged ids | of them stored | of those, cut when the first burst ended | stored ids never sent |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for p in phases {
         let e = &p.exactness;
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            p.name, e.acked_requests, e.acked_ids, e.lost, e.stored_twice, e.unacked_ids, e.unacked_stored, e.unknown
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            p.name,
+            e.acked_requests,
+            e.acked_ids,
+            e.lost,
+            e.stored_twice,
+            e.unacked_ids,
+            e.unacked_stored,
+            e.unacked_stored_first,
+            e.unknown
         );
     }
     let others: Vec<String> = phases
@@ -400,22 +420,23 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
     let mut watcher = gw.client().await;
     let before = observer.metrics().await;
     let mut ledger = Ledger::new();
-    let tags = Tags { queue: queue.to_owned(), prefix: "c", shape };
+    let tags = Tags { queue: queue.to_owned(), prefix: FIRST_BURST, shape };
     let (stop, stopped) = watch::channel(false);
     let tasks = spawn_pushers(addr, args, &tags, &stopped).await;
     let start = Instant::now();
     let sampler = {
         let stopped = stopped.clone();
         tokio::spawn(async move {
-            let (mut held, mut waiting) = (0f64, 0f64);
+            let (mut held, mut waiting, mut cache) = (0f64, 0f64, 0f64);
             let mut ticker = tokio::time::interval(Duration::from_millis(100));
             while !*stopped.borrow() {
                 ticker.tick().await;
                 let text = observer.metrics().await;
                 held = held.max(metric(&text, "stile_held_request_bytes"));
                 waiting = waiting.max(metric(&text, "stile_requests_waiting_for_room"));
+                cache = cache.max(metric_total(&text, "stile_cache_bytes"));
             }
-            (held, waiting, observer)
+            (held, waiting, cache, observer)
         })
     };
     tokio::time::sleep_until((start + Duration::from_secs_f64(args.secs)).into()).await;
@@ -434,7 +455,7 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
         }
     };
     let (sampled, tallies, (first_201, held_zero)) = tokio::join!(sampler, futures::future::join_all(tasks), recovery);
-    let (peak_held, peak_waiting, mut observer) = sampled.expect("the sampler");
+    let (peak_held, peak_waiting, peak_cache, mut observer) = sampled.expect("the sampler");
     let mut outcomes = Outcomes::default();
     let mut accepted = 0u64;
     let mut latencies: Vec<u32> = Vec::new();
@@ -464,6 +485,7 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
         // where sampling could miss a short peak.
         peak_rss_mib: proc_status_kib(pid, "VmHWM:") / 1024.0,
         peak_held_mib: peak_held / mib,
+        peak_cache_mib: peak_cache / mib,
         peak_waiting,
         waited: counter("stile_requests_waited_for_room_total"),
         shed: counter("stile_requests_shed_total"),
@@ -471,6 +493,8 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
     };
     if burst {
         let rss_after_mib = proc_status_kib(pid, "VmRSS:") / 1024.0;
+        tokio::time::sleep_until((ended + SETTLE).into()).await;
+        let rss_settled_mib = proc_status_kib(pid, "VmRSS:") / 1024.0;
         drop(observer);
         drop(watcher);
         let (exit_s, exit_limit_s, exit_status, second) = terminate_during_burst(gw, args, queue, shape, &mut ledger).await;
@@ -478,6 +502,7 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
             first_201_s: first_201.flatten(),
             held_zero_s: held_zero.flatten(),
             rss_after_mib,
+            rss_settled_mib,
             exit_s,
             exit_limit_s,
             exit_status,
@@ -486,6 +511,11 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
     }
     (phase, ledger)
 }
+
+/// How long after a burst its gateway's memory is read again, before the
+/// second burst: the allocator gives back what was freed a second ago, once
+/// a second.
+const SETTLE: Duration = Duration::from_secs(10);
 
 /// A second burst of the same shape; after `--term-after`, SIGTERM. Returns
 /// the seconds from the signal to the process's exit (`None` if it had not
@@ -498,7 +528,7 @@ async fn terminate_during_burst(
     shape: Shape,
     ledger: &mut Ledger,
 ) -> (Option<f64>, f64, String, Outcomes) {
-    let tags = Tags { queue: queue.to_owned(), prefix: "t", shape };
+    let tags = Tags { queue: queue.to_owned(), prefix: SECOND_BURST, shape };
     let (stop, stopped) = watch::channel(false);
     let tasks = spawn_pushers(gw.addr(), args, &tags, &stopped).await;
     tokio::time::sleep(Duration::from_secs_f64(args.term_after)).await;
@@ -610,16 +640,27 @@ async fn read_back(pg: &tokio_postgres::Client, queue: &str, ledger: &Ledger) ->
         let ids = u64::try_from(row.get::<_, i64>("ids")).unwrap_or(0);
         e.stored_twice += stored - ids;
         let tag: String = row.get("tag");
+        let first = !tag.starts_with(SECOND_BURST);
         let seq = row.get::<_, String>("seq").parse::<u64>().ok();
         match seq.and_then(|seq| ledger.get(&(tag, seq))) {
             Some(&(items, true)) => acked_stored += ids.min(items),
-            Some(&(_, false)) => e.unacked_stored += ids,
+            Some(&(_, false)) => {
+                e.unacked_stored += ids;
+                if first {
+                    e.unacked_stored_first += ids;
+                }
+            }
             None => e.unknown += ids,
         }
     }
     e.lost = e.acked_ids - acked_stored;
     e
 }
+
+/// The tags' prefix of a phase's connections, and of the second burst's,
+/// the one SIGTERM interrupts.
+const FIRST_BURST: &str = "c";
+const SECOND_BURST: &str = "t";
 
 /// The tags a burst's clients write their ids with: connection `c` of a
 /// burst whose prefix is `c` sends `c{c}-{seq}-{i}`.
