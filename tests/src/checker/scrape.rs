@@ -62,7 +62,7 @@ pub(super) async fn scrape_all(book: &AddressBook, scraped: &Mutex<HashMap<(usiz
         scrape.shed = sum_series(&text, "stile_requests_shed_total");
         scrape.max_held = scrape.max_held.max(sum_series(&text, "stile_held_request_bytes"));
         scrape.held_limit = sum_series(&text, "stile_held_request_bytes_limit");
-        for probe in ["skipped", "narrowed", "full", "off"] {
+        for probe in ["skipped", "narrowed", "full", "committed", "off"] {
             scrape.probes.insert(probe.to_owned(), sum_series(&text, &format!("stile_segments_total{{probe=\"{probe}\"}}")));
         }
     }
