@@ -90,7 +90,6 @@ mod nodes;
 mod overload;
 mod replicated;
 mod scrape;
-mod servers;
 mod steps;
 mod truth;
 mod vitals;

@@ -8,4 +8,5 @@ pub mod cpu;
 pub mod gateway;
 pub mod pg;
 pub mod proxy;
+pub(crate) mod servers;
 pub mod trace;

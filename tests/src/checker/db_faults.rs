@@ -25,10 +25,10 @@ use anyhow::{Context as _, anyhow, bail};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::servers::{OwnServer, OwnServerSpec};
 use super::truth::Stored;
 use super::{Config, FaultLog, Faults, Outcome, Request, micros_of, now_us};
 use crate::proxy::{FaultProxy, ProxyStats, Upstream};
+use crate::servers::{OwnServer, OwnServerSpec};
 
 /// The application name of the checker's own connections to the gateways'
 /// database, so that the connection fault can tell the gateways' apart
