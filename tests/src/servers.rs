@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use stile::db::DbConfig;
 
 /// How long a server may take to accept connections.
 pub(crate) const READY_WITHIN: Duration = Duration::from_secs(60);
@@ -211,11 +212,18 @@ impl Server {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// A connection to one of its databases, this server only.
-    pub(crate) fn config(&self, dbname: &str) -> tokio_postgres::Config {
+    /// A connection to one of its databases, this server only, without TLS
+    /// (which a test's server may or may not offer).
+    pub(crate) fn config(&self, dbname: &str) -> DbConfig {
         let mut config = tokio_postgres::Config::new();
-        config.host("127.0.0.1").port(self.port).user("postgres").dbname(dbname).connect_timeout(Duration::from_secs(5));
         config
+            .host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname(dbname)
+            .connect_timeout(Duration::from_secs(5))
+            .ssl_mode(tokio_postgres::config::SslMode::Disable);
+        DbConfig::from(config)
     }
 
     /// The data directory.
