@@ -1,8 +1,9 @@
 //! PostgreSQL servers of the tests' own, each in a temporary directory on a
 //! free port: the checker's replicated pair of the failover fault
-//! (`checker/replicated.rs`), and its single server for the faults that must
-//! not touch the shared one ([`OwnServer`]): taking every connection it has,
-//! or filling its disk, which is then a tmpfs of a fixed size.
+//! (`checker/replicated.rs`), its single server for the faults that must not
+//! touch the shared one ([`OwnServer`]): taking every connection it has, or
+//! filling its disk, which is then a tmpfs of a fixed size, and the scratch
+//! servers of other tests ([`crate::scratch::ScratchServer`]).
 //!
 //! PostgreSQL refuses to run as root: when the tests run as root, the servers
 //! and their tools run as `postgres`. Each server is a child of the test
@@ -82,6 +83,20 @@ impl Home {
             );
         }
         Ok(())
+    }
+
+    /// Writes `contents` to the file `name` in the directory, readable by
+    /// the servers' owner alone (as PostgreSQL wants of a private key), and
+    /// answers its path.
+    pub(crate) fn write_file(&self, name: &str, contents: &[u8]) -> anyhow::Result<PathBuf> {
+        let path = self.dir.join(name);
+        std::fs::write(&path, contents).with_context(|| format!("write {}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        if let Some(owner) = self.owner {
+            std::os::unix::fs::chown(&path, Some(owner.uid), Some(owner.gid))
+                .with_context(|| format!("give {} to the postgres user", path.display()))?;
+        }
+        Ok(path)
     }
 
     /// `initdb` of a server's data directory (trust, UTF8, C), with `extra`
