@@ -34,6 +34,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use stile::db::{DbConfig, TlsConnector};
 use tokio::net::TcpListener;
 
 /// Which design the endpoint serves.
@@ -78,8 +79,11 @@ pub struct EndpointConfig {
 /// Serves `config` until the process is stopped. Prints
 /// `peer listening on http://ADDR` once it accepts connections.
 pub async fn serve(config: EndpointConfig) -> anyhow::Result<()> {
-    let pg: tokio_postgres::Config = config.database_url.parse().context("parse the database URL")?;
-    let manager = Manager::from_config(pg, tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    // The gateway's own connector, so that the peer and the gateway reach
+    // PostgreSQL alike (TLS included).
+    let db = DbConfig::parse(&config.database_url).context("parse the database URL")?;
+    let connector = TlsConnector::new(&db.tls).context("read the TLS settings' files")?;
+    let manager = Manager::from_connect(db.pg, connector, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     let pool = Pool::builder(manager).max_size(config.pool_size).build().context("build the pool")?;
     drop(pool.get().await.context("connect to PostgreSQL")?);
     let redis = match (config.design, &config.redis_url) {

@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::cache::{EngineKind, ShardCache};
 use crate::conn::TimedIo;
-use crate::db::Db;
+use crate::db::{Db, DbConfig};
 use crate::gateway::Gateway;
 use crate::http::{App, HttpConfig};
 use crate::intake::{Intake, IntakeConfig};
@@ -72,9 +72,9 @@ pub const RUNTIME_GRACE: Duration = Duration::from_secs(1);
 /// flight after `config.shutdown_timeout` have their connections closed, and
 /// the shards have [`FLUSH_GRACE`] more to finish their bundles.
 pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let db = Db::connect(&config.database_url, config.pool_size)
-        .await
-        .with_context(|| format!("connect to the database {}", redacted_url(&config.database_url)))?;
+    let database = DbConfig::parse(&config.database_url).context("the database URL")?;
+    let shown = database.to_url(false);
+    let db = Db::from_config(database, config.pool_size).await.with_context(|| format!("connect to the database {shown}"))?;
     db.migrate().await.with_context(|| format!("migrate the schema in {}", db.redacted_url()))?;
     let metrics = Arc::new(Metrics::new());
     let engine = match config.engine {
@@ -160,15 +160,6 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     }
     tracing::info!("stile stopped, {:.1} s after the signal", signalled.elapsed().as_secs_f64());
     Ok(())
-}
-
-/// The connection string as the gateway resolves it, password hidden, for
-/// error messages (an unparsable one is already redacted by the error itself).
-fn redacted_url(url: &str) -> String {
-    match crate::db::pg_config(url) {
-        Ok(config) => crate::db::config_to_url(&config, false),
-        Err(_) => "(unparsable connection string)".to_owned(),
-    }
 }
 
 /// The most a connection reads ahead of its handler. hyper's buffer grows

@@ -90,7 +90,6 @@ mod nodes;
 mod overload;
 mod replicated;
 mod scrape;
-mod servers;
 mod steps;
 mod truth;
 mod vitals;
@@ -310,8 +309,8 @@ impl PgCluster {
     /// The cluster listening on the port of `database_url` (5432 if it names
     /// none), from `pg_lsclusters`.
     pub fn for_url(database_url: &str) -> anyhow::Result<PgCluster> {
-        let config = stile::db::pg_config(database_url).map_err(|e| anyhow!("{e}"))?;
-        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let config = stile::db::DbConfig::parse(database_url).map_err(|e| anyhow!("{e}"))?;
+        let port = config.pg.get_ports().first().copied().unwrap_or(5432);
         let output = Command::new("pg_lsclusters").arg("--no-header").output().context("run pg_lsclusters")?;
         let text = String::from_utf8_lossy(&output.stdout);
         for line in text.lines() {

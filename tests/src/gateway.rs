@@ -10,10 +10,12 @@
 //! The binary is found beside the test executable (`target/<profile>/deps/<test>`
 //! → `target/<profile>/stile`), or at `$STILE_BIN`.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -379,6 +381,9 @@ pub struct GatewayOptions {
     pub max_held_mb: Option<u64>,
     /// Further flags, as given (`["--body-timeout", "2"]`).
     pub extra_args: Vec<String>,
+    /// The process's environment beyond the test's: `Some` sets a
+    /// variable, `None` removes it (`PGSSLMODE`, say).
+    pub env: BTreeMap<String, Option<String>>,
 }
 
 impl GatewayOptions {
@@ -421,6 +426,26 @@ impl GatewayOptions {
         args.extend(self.extra_args.iter().cloned());
         args
     }
+
+    /// The `stile serve` command for `database_url`.
+    fn command(&self, database_url: &str, clock: Option<&ClockFile>) -> Command {
+        let mut command = stile_command(&self.args(database_url), clock);
+        for (name, value) in &self.env {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
+        }
+        command
+    }
+}
+
+/// How a gateway that was not to start ended.
+#[derive(Debug)]
+pub struct Refused {
+    pub status: ExitStatus,
+    /// What it wrote on stderr, line by line.
+    pub stderr: String,
 }
 
 /// A running gateway process.
@@ -442,9 +467,27 @@ impl Gateway {
         let clock = options
             .clock_offset_s
             .map(|offset_s| ClockFile::new("gateway", offset_s).unwrap_or_else(|e| panic!("set the gateway's clock: {e:#}")));
-        let command = stile_command(&options.args(database_url), clock.as_ref());
+        let command = options.command(database_url, clock.as_ref());
         let (process, addr) = Process::start_until(command, listening_addr).await;
         Gateway { process, addr, clock }
+    }
+
+    /// Runs a gateway that should not start (a database it must refuse to
+    /// use) to its exit, within [`START_TIMEOUT`], and answers how it ended.
+    /// Panics, with its output, if it listens instead.
+    pub async fn refused(database_url: &str, options: &GatewayOptions) -> Refused {
+        let listened = Arc::new(AtomicBool::new(false));
+        let seen = listened.clone();
+        let on_stdout = move |line: &str| {
+            if listening_addr(line).is_some() {
+                seen.store(true, Ordering::SeqCst);
+            }
+        };
+        let mut process = Process::spawn_command(options.command(database_url, None), on_stdout, |_| {});
+        let status = process.wait_exit(START_TIMEOUT).await;
+        assert!(!listened.load(Ordering::SeqCst), "the gateway started on {database_url}:\n{}", process.logs());
+        let stderr = process.output.lock().expect("not poisoned").stderr.join("\n");
+        Refused { status, stderr }
     }
 
     /// Its process id.

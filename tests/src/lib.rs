@@ -1,5 +1,6 @@
 //! Shared harness of stile's integration tests: fresh PostgreSQL databases,
-//! the built component, and gateway processes.
+//! PostgreSQL servers of a test's own, the built component, gateway
+//! processes, and certificates for TLS.
 
 pub mod checker;
 pub mod clock;
@@ -8,4 +9,7 @@ pub mod cpu;
 pub mod gateway;
 pub mod pg;
 pub mod proxy;
+pub mod scratch;
+pub(crate) mod servers;
+pub mod tls_pki;
 pub mod trace;

@@ -9,28 +9,25 @@
 use std::future::Future;
 use std::time::Duration;
 
-use stile::db::{Db, DbError, config_to_url, pg_config};
+use stile::db::{Db, DbConfig, DbError};
 use stile::payload::Payload;
 
 /// The environment variable naming the server tests create databases on.
 pub const URL_VAR: &str = "STILE_TEST_DATABASE_URL";
 
 /// Connection settings of the test server's `postgres` database.
-pub fn admin_config() -> tokio_postgres::Config {
+pub fn admin_config() -> DbConfig {
     let url = std::env::var(URL_VAR).unwrap_or_default();
-    let mut cfg = pg_config(&url).unwrap_or_else(|e| panic!("{URL_VAR}: {e}"));
-    cfg.dbname("postgres");
-    cfg.connect_timeout(Duration::from_secs(10));
+    let mut cfg = DbConfig::parse(&url).unwrap_or_else(|e| panic!("{URL_VAR}: {e}"));
+    cfg.pg.dbname("postgres");
+    cfg.pg.connect_timeout(Duration::from_secs(10));
     cfg
 }
 
-/// Opens a plain connection (its driver runs on a spawned task).
-pub async fn connect(cfg: &tokio_postgres::Config) -> Result<tokio_postgres::Client, DbError> {
-    let (client, connection) = cfg.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
+/// Opens a connection outside any pool, as the gateway opens its own (TLS as
+/// `cfg` says; its driver runs on a spawned task).
+pub async fn connect(cfg: &DbConfig) -> Result<tokio_postgres::Client, DbError> {
+    cfg.connect().await
 }
 
 /// A database of its own for one test, dropped with it.
@@ -39,7 +36,7 @@ pub struct TestDb {
     /// A pool on the database (10 connections unless asked otherwise).
     pub db: Db,
     name: String,
-    config: tokio_postgres::Config,
+    config: DbConfig,
 }
 
 impl TestDb {
@@ -59,14 +56,14 @@ impl TestDb {
     pub async fn unmigrated(pool_size: usize) -> TestDb {
         let admin = admin_config();
         let name = format!("stile_t_{:016x}", rand::random::<u64>());
-        let client = connect(&admin).await.unwrap_or_else(|e| panic!("connect to {}: {e}", config_to_url(&admin, false)));
+        let client = connect(&admin).await.unwrap_or_else(|e| panic!("connect to {}: {e}", admin.to_url(false)));
         client
             .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .await
             .unwrap_or_else(|e| panic!("create database {name}: {e}"));
         drop(client);
         let mut config = admin.clone();
-        config.dbname(&name);
+        config.pg.dbname(&name);
         // From here on, a failure drops the database again.
         let guard = DropGuard { name: Some(name.clone()) };
         let db = Db::from_config(config.clone(), pool_size).await.unwrap_or_else(|e| panic!("connect to {name}: {e}"));
@@ -82,15 +79,15 @@ impl TestDb {
     /// A connection string for the database (keyword/value form, password
     /// included), e.g. for a gateway process.
     pub fn url(&self) -> String {
-        config_to_url(&self.config, true)
+        self.config.to_url(true)
     }
 
     /// The connection settings of the database.
-    pub fn config(&self) -> &tokio_postgres::Config {
+    pub fn config(&self) -> &DbConfig {
         &self.config
     }
 
-    /// A plain connection of its own, outside the pool.
+    /// A connection of its own, outside the pool.
     pub async fn client(&self) -> tokio_postgres::Client {
         connect(&self.config).await.unwrap_or_else(|e| panic!("connect to {}: {e}", self.name))
     }

@@ -235,8 +235,8 @@ fn redacted_url_hides_the_password() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let t = rt.block_on(TestDb::new());
     assert!(!t.db.redacted_url().contains("password=") || t.db.redacted_url().contains("********"));
-    let cfg = stile::db::pg_config("host=h user=u password=s3cret dbname=d").unwrap();
-    let shown = stile::db::config_to_url(&cfg, false);
+    let cfg = stile::db::DbConfig::parse("host=h user=u password=s3cret dbname=d").unwrap();
+    let shown = cfg.to_url(false);
     assert!(!shown.contains("s3cret") && shown.contains("password=********"), "{shown}");
     drop(t);
 }

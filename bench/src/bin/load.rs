@@ -60,7 +60,6 @@ use hyper::Method;
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::json;
-use stile::db::config_to_url;
 use stile_bench::pgbench::{PeerFigures, Pgbench};
 use stile_bench::{
     Switch, count, load_average, machine, median, percentile_ms, run_to_end, seconds, server_version, write_push_body,
@@ -233,8 +232,8 @@ async fn start_gateways(
     let mut gateways = Vec::with_capacity(args.configs.len());
     for &config in &args.configs {
         let mut named = t.config().clone();
-        named.application_name(config.application_name());
-        gateways.push((config, Gateway::start_with(&config_to_url(&named, true), &config.options()).await));
+        named.pg.application_name(config.application_name());
+        gateways.push((config, Gateway::start_with(&named.to_url(true), &config.options()).await));
     }
     for (config, gw) in &gateways {
         let primed =
@@ -664,7 +663,7 @@ async fn run(args: Args) {
     let peer = if args.peer_clients.is_empty() {
         None
     } else {
-        Some(Pgbench::prepare(&c, t.config(), args.partitions, per_partition as usize).await)
+        Some(Pgbench::prepare(&c, &t.config().pg, args.partitions, per_partition as usize).await)
     };
     let mut peer_results: Vec<(usize, usize, PeerFigures)> = Vec::new();
     let mut gateways = start_gateways(&t, &c, &args, args.sizes[0], per_partition as usize).await;

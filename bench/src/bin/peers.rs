@@ -255,7 +255,7 @@ async fn pass(args: &Args, sync: Switch) -> (Pass, String) {
     let pgbench = if args.pgbench_clients.is_empty() {
         None
     } else {
-        Some(Pgbench::prepare(&pg, t.config(), args.partitions, filled / args.partitions).await)
+        Some(Pgbench::prepare(&pg, &t.config().pg, args.partitions, filled / args.partitions).await)
     };
     let slice = Slice { warmup: Duration::from_secs_f64(args.warmup), measured: Duration::from_secs_f64(args.secs) };
     for &size in &args.sizes {

@@ -337,10 +337,10 @@ async fn run(args: Args) {
     eprintln!("sql_bench: database {}", t.name());
     let mut cfg = t.config().clone();
     if !args.sync.is_on() {
-        cfg.options("-c synchronous_commit=off");
+        cfg.pg.options("-c synchronous_commit=off");
     }
     let mut push_cfg = cfg.clone();
-    push_cfg.application_name("stile_bench_push");
+    push_cfg.pg.application_name("stile_bench_push");
     let db = Db::from_config(push_cfg, args.conns).await.unwrap();
     // Open every pooled connection now, so their backends can be watched.
     {
@@ -349,7 +349,7 @@ async fn run(args: Args) {
             held.push(db.pool().get().await.unwrap());
         }
     }
-    cfg.application_name("stile_bench_plain");
+    cfg.pg.application_name("stile_bench_plain");
     let mut plain_clients = Vec::new();
     for _ in 0..args.conns {
         plain_clients.push(Arc::new(connect(&cfg).await.unwrap()));

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt as _, pin_mut};
-use stile::db::config_to_url;
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, Process, beside_this_program, listening_addr, metric_total};
 use stile_tests::pg::TestDb;
 
@@ -122,14 +121,14 @@ impl Running {
         let kind = match system {
             System::StileWasm | System::StileNative | System::StileCold => {
                 let mut named = t.config().clone();
-                named.application_name(format!("stile-{}", system.queue()));
+                named.pg.application_name(format!("stile-{}", system.queue()));
                 let options = GatewayOptions {
                     engine: Some(if system == System::StileNative { "native" } else { "wasm" }),
                     cache_mb: (system == System::StileCold).then_some(0),
                     pool_size: Some(config.pool_size),
                     ..Default::default()
                 };
-                Kind::Stile(Gateway::start_with(&config_to_url(&named, true), &options).await)
+                Kind::Stile(Gateway::start_with(&named.to_url(true), &options).await)
             }
             System::Postgres => start_endpoint(Design::Postgres, t, config, None).await,
             System::RedisPostgres => {
@@ -233,11 +232,11 @@ async fn start_endpoint(design: Design, t: &TestDb, config: &StartConfig, redis:
     let pg = t.client().await;
     pg.batch_execute(&design.ddl()).await.expect("create the peer's table");
     let mut named = t.config().clone();
-    named.application_name(format!("peer-{}", design.schema()));
+    named.pg.application_name(format!("peer-{}", design.schema()));
     let mut command = Command::new(beside_this_program("peer_endpoint"));
     command
         .args(["--design", if design == Design::Postgres { "postgres" } else { "redis-postgres" }])
-        .args(["--database-url", &config_to_url(&named, true)])
+        .args(["--database-url", &named.to_url(true)])
         .args(["--pool-size", &config.pool_size.to_string()])
         .args(["--window-seconds", &config.window.as_secs().to_string()]);
     let (redis, url) = match redis {

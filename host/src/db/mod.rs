@@ -11,6 +11,7 @@ pub mod kv;
 mod migrate;
 mod packed;
 pub mod timers;
+mod tls;
 mod url;
 
 use std::time::Duration;
@@ -27,14 +28,18 @@ use crate::payload::Payload;
 pub use error::{ConfigureError, DbError};
 pub use migrate::{MIGRATIONS, Migration};
 use packed::{JsonStrings, JsonTexts, PackedFloors, PackedIds};
-pub use url::{config_to_url, pg_config};
+pub use tls::{Connected, RootCert, SslMode, TlsConnector, TlsSettings};
+pub use url::DbConfig;
 
 /// A pool of connections to the database stile keeps its logs in. Cheap to
 /// clone; all clones share the pool.
 #[derive(Clone)]
 pub struct Db {
     pool: Pool,
-    config: tokio_postgres::Config,
+    config: DbConfig,
+    /// What opens every connection of this pool and of the pools made from
+    /// it ([`Db::with_own_pool`]).
+    connector: TlsConnector,
 }
 
 impl std::fmt::Debug for Db {
@@ -309,16 +314,18 @@ const PUSH_SQL: &str = "SELECT seg, base_offset, created_ms, window_seconds, pro
 impl Db {
     /// Opens a pool of at most `pool_size` connections to `url` (libpq
     /// keyword/value or URI form; empty: libpq's defaults and `PG*`
-    /// variables, see [`pg_config`]) and checks that one connection can be
-    /// made.
+    /// variables, see [`DbConfig::parse`]) and checks that one connection
+    /// can be made.
     pub async fn connect(url: &str, pool_size: usize) -> Result<Db, DbError> {
-        let config = pg_config(url)?;
+        let config = DbConfig::parse(url)?;
         Db::from_config(config, pool_size).await
     }
 
-    /// Like [`Db::connect`], from a parsed configuration used as is.
-    pub async fn from_config(config: tokio_postgres::Config, pool_size: usize) -> Result<Db, DbError> {
-        let db = Db { pool: build_pool(&config, pool_size)?, config };
+    /// Like [`Db::connect`], from a parsed configuration used as is. Reads
+    /// the files its TLS settings name here, once.
+    pub async fn from_config(config: DbConfig, pool_size: usize) -> Result<Db, DbError> {
+        let connector = TlsConnector::new(&config.tls)?;
+        let db = Db { pool: build_pool(&config.pg, &connector, pool_size)?, config, connector };
         drop(db.pool.get().await?);
         Ok(db)
     }
@@ -334,16 +341,20 @@ impl Db {
     /// flush, since it wrote only row locks. Connections that run
     /// transactions of several statements (the main pool's) never set it.
     pub fn with_own_pool(&self, pool: OwnPool) -> Result<Db, DbError> {
-        let mut config = self.config.clone();
+        let mut pg = self.config.pg.clone();
         // A zero `lock_timeout` would mean no limit: the shortest is 1 ms.
         let ms = pool.lock_timeout.as_millis().max(1);
         let own = format!("-c lock_timeout={ms} -c stile.autocommit_push=on");
-        let options = match self.config.get_options() {
+        let options = match self.config.pg.get_options() {
             Some(given) if !given.trim().is_empty() => format!("{given} {own}"),
             _ => own,
         };
-        config.options(&options);
-        Ok(Db { pool: build_pool(&config, pool.size)?, config: self.config.clone() })
+        pg.options(&options);
+        Ok(Db {
+            pool: build_pool(&pg, &self.connector, pool.size)?,
+            config: self.config.clone(),
+            connector: self.connector.clone(),
+        })
     }
 
     /// Which of `partition_ids` have their row locked by another session
@@ -363,7 +374,7 @@ impl Db {
 
     /// The connection string in use, keyword/value form, password hidden.
     pub fn redacted_url(&self) -> String {
-        config_to_url(&self.config, false)
+        self.config.to_url(false)
     }
 
     /// The underlying pool (for tests, tools and health checks).
@@ -638,13 +649,14 @@ pub struct OwnPool {
     pub lock_timeout: Duration,
 }
 
-/// A pool of up to `pool_size` connections, none opened yet.
-fn build_pool(config: &tokio_postgres::Config, pool_size: usize) -> Result<Pool, DbError> {
+/// A pool of up to `pool_size` connections, none opened yet, each opened by
+/// `connector`.
+fn build_pool(config: &tokio_postgres::Config, connector: &TlsConnector, pool_size: usize) -> Result<Pool, DbError> {
     if pool_size == 0 {
         return Err(DbError::Config("the pool size must be at least 1".into()));
     }
     let manager =
-        Manager::from_config(config.clone(), tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        Manager::from_connect(config.clone(), connector.clone(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
         .max_size(pool_size)
         .runtime(Runtime::Tokio1)

@@ -22,20 +22,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
+use stile::db::{DbConfig, TlsConnector};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::servers::{OwnServer, OwnServerSpec};
 use super::truth::Stored;
 use super::{Config, FaultLog, Faults, Outcome, Request, micros_of, now_us};
 use crate::proxy::{FaultProxy, ProxyStats, Upstream};
+use crate::servers::{OwnServer, OwnServerSpec};
 
 /// The application name of the checker's own connections to the gateways'
 /// database, so that the connection fault can tell the gateways' apart
 /// (they keep `stile`).
 const CHECKER_APPLICATION: &str = "stile-checker";
 
-/// The gateways' application name, `stile::db::pg_config`'s default.
+/// The gateways' application name, `stile::db::DbConfig::parse`'s default.
 const GATEWAY_APPLICATION: &str = "stile";
 
 /// A server of the checker's own: room for three gateways' pools
@@ -185,7 +186,7 @@ impl DbRig {
         };
         let direct_url = own.as_ref().map_or(direct_url, |own| own.url());
         let proxy = if config.faults.needs_proxy() {
-            let upstream = Upstream::of_postgres(&pg_config(&direct_url)?).await.context("find the server to proxy")?;
+            let upstream = Upstream::of_postgres(&db_config(&direct_url)?.pg).await.context("find the server to proxy")?;
             Some(Arc::new(FaultProxy::start(upstream).await.context("start the fault proxy")?))
         } else {
             None
@@ -194,10 +195,10 @@ impl DbRig {
     }
 
     /// The database as the gateways are given it: through the proxy when
-    /// there is one.
+    /// there is one (with the same TLS settings: the proxy relays bytes).
     pub(super) fn gateway_url(&self) -> anyhow::Result<String> {
         let Some(proxy) = &self.proxy else { return Ok(self.direct_url.clone()) };
-        let direct = pg_config(&self.direct_url)?;
+        let DbConfig { pg: direct, tls } = db_config(&self.direct_url)?;
         let mut proxied = tokio_postgres::Config::new();
         proxied.host("127.0.0.1").port(proxy.addr().port());
         if let Some(user) = direct.get_user() {
@@ -212,7 +213,7 @@ impl DbRig {
         if let Some(options) = direct.get_options() {
             proxied.options(options);
         }
-        Ok(stile::db::config_to_url(&proxied, true))
+        Ok(DbConfig { pg: proxied, tls }.to_url(true))
     }
 
     /// A describing line for the report's summary.
@@ -233,8 +234,8 @@ impl DbRig {
     }
 }
 
-fn pg_config(url: &str) -> anyhow::Result<tokio_postgres::Config> {
-    stile::db::pg_config(url).map_err(|e| anyhow!("{e}"))
+fn db_config(url: &str) -> anyhow::Result<DbConfig> {
+    DbConfig::parse(url).map_err(|e| anyhow!("{e}"))
 }
 
 /// A spell as it happened.
@@ -416,8 +417,8 @@ async fn end(spell: &mut SpellTimes, rig: &DbRig, in_force: &mut InForce) -> any
 
 /// A connection of the checker's own to the gateways' database.
 async fn connect_checker(url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let mut config = pg_config(url)?;
-    config.application_name(CHECKER_APPLICATION);
+    let mut config = db_config(url)?;
+    config.pg.application_name(CHECKER_APPLICATION);
     crate::pg::connect(&config).await.map_err(|e| anyhow!("connect to the gateways' database: {e}"))
 }
 
@@ -497,7 +498,7 @@ impl Hog {
     /// many it holds then.
     async fn start(own: &OwnServer, gateway_pids: &[u32]) -> anyhow::Result<(Hog, usize)> {
         let mut config = own.server.config("postgres");
-        config.application_name(CHECKER_APPLICATION);
+        config.pg.application_name(CHECKER_APPLICATION);
         let mut tally = HogTally::default();
         take_free_connections(&config, &mut tally).await;
         if tally.held.is_empty() {
@@ -535,7 +536,7 @@ impl Hog {
 
 /// Holds the connections, taking any that frees up, until stopped; then
 /// closes them all.
-async fn hold(config: tokio_postgres::Config, mut tally: HogTally, mut stop: oneshot::Receiver<()>) -> HogTally {
+async fn hold(config: DbConfig, mut tally: HogTally, mut stop: oneshot::Receiver<()>) -> HogTally {
     loop {
         tokio::select! {
             _ = &mut stop => break,
@@ -567,12 +568,20 @@ async fn gateway_backends(client: &tokio_postgres::Client) -> anyhow::Result<i64
 }
 
 /// Opens connections until the server refuses one.
-async fn take_free_connections(config: &tokio_postgres::Config, tally: &mut HogTally) {
+async fn take_free_connections(config: &DbConfig, tally: &mut HogTally) {
+    let connector = match TlsConnector::new(&config.tls) {
+        Ok(connector) => connector,
+        Err(error) => {
+            if tally.other_errors.len() < 5 {
+                tally.other_errors.push(error.to_string());
+            }
+            return;
+        }
+    };
     while tally.held.len() < HOG_LIMIT {
-        match config.connect(tokio_postgres::NoTls).await {
-            Ok((client, connection)) => {
-                tokio::spawn(connection);
-                tally.held.push(client);
+        match connector.open(&config.pg).await {
+            Ok(connected) => {
+                tally.held.push(connected.client);
                 tally.held_most = tally.held_most.max(tally.held.len());
             }
             Err(error) if error.code() == Some(&tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS) => {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use super::now_us;
-use super::servers::{DATABASE, Home, READY_WITHIN, Server, free_ports};
+use crate::servers::{DATABASE, Home, READY_WITHIN, Server, free_ports};
 
 /// The standby's `cluster_name`, which its WAL receiver gives the primary as
 /// its application name, and so the name `synchronous_standby_names` waits

@@ -96,8 +96,8 @@ impl fmt::Display for StepsReport {
 /// running, keep every connection their pools opened, which can be most of
 /// a server's, and the server's other clients come and go.
 async fn connect(database_url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let mut config = stile::db::pg_config(database_url).map_err(|e| anyhow!("{e}"))?;
-    config.connect_timeout(Duration::from_secs(10));
+    let mut config = stile::db::DbConfig::parse(database_url).map_err(|e| anyhow!("{e}"))?;
+    config.pg.connect_timeout(Duration::from_secs(10));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match crate::pg::connect(&config).await {

@@ -30,8 +30,8 @@ pub(super) struct Stored {
 }
 
 pub(super) async fn read_stored(database_url: &str, queue: &str) -> anyhow::Result<Stored> {
-    let mut config = stile::db::pg_config(database_url).map_err(|e| anyhow!("{e}"))?;
-    config.connect_timeout(Duration::from_secs(10));
+    let mut config = stile::db::DbConfig::parse(database_url).map_err(|e| anyhow!("{e}"))?;
+    config.pg.connect_timeout(Duration::from_secs(10));
     let mut client = None;
     let mut last_error = String::new();
     for _ in 0..60 {

@@ -1,12 +1,13 @@
-//! PostgreSQL servers of the checker's own, each in a temporary directory on
-//! a free port: the replicated pair of the failover fault
-//! ([`super::replicated`]), and a single server for the faults that must not
+//! PostgreSQL servers of the tests' own, each in a temporary directory on a
+//! free port: the checker's replicated pair of the failover fault
+//! (`checker/replicated.rs`), its single server for the faults that must not
 //! touch the shared one ([`OwnServer`]): taking every connection it has, or
-//! filling its disk, which is then a tmpfs of a fixed size.
+//! filling its disk, which is then a tmpfs of a fixed size, and the scratch
+//! servers of other tests ([`crate::scratch::ScratchServer`]).
 //!
-//! PostgreSQL refuses to run as root: when the checker is root, the servers
-//! and their tools run as `postgres`. Each server is a child of the checker
-//! that the kernel kills with the thread that started it (see
+//! PostgreSQL refuses to run as root: when the tests run as root, the servers
+//! and their tools run as `postgres`. Each server is a child of the test
+//! process that the kernel kills with the thread that started it (see
 //! [`crate::gateway::die_with_parent`]), and dropping a [`Home`] removes its
 //! directory (unmounting it first if it is a tmpfs), so a failed run leaves
 //! nothing behind.
@@ -19,17 +20,18 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use stile::db::DbConfig;
 
 /// How long a server may take to accept connections.
-pub(super) const READY_WITHIN: Duration = Duration::from_secs(60);
+pub(crate) const READY_WITHIN: Duration = Duration::from_secs(60);
 
 /// The database the gateways use on a server of the checker's own.
-pub(super) const DATABASE: &str = "stile_checker";
+pub(crate) const DATABASE: &str = "stile_checker";
 
 /// A directory for servers, PostgreSQL's programs and the user they run as.
 #[derive(Debug)]
-pub(super) struct Home {
-    pub(super) dir: PathBuf,
+pub(crate) struct Home {
+    pub(crate) dir: PathBuf,
     bin: PathBuf,
     owner: Option<Owner>,
     /// The directory is a tmpfs mounted for the servers.
@@ -47,7 +49,7 @@ impl Home {
     /// A new directory under the system's temporary one, named after
     /// `purpose`; with `tmpfs_mb`, a tmpfs of that size mounted on it (which
     /// takes root).
-    pub(super) fn new(purpose: &str, tmpfs_mb: Option<u64>) -> anyhow::Result<Home> {
+    pub(crate) fn new(purpose: &str, tmpfs_mb: Option<u64>) -> anyhow::Result<Home> {
         let bin = server_binaries()?;
         let owner = owner()?;
         let dir = std::env::temp_dir().join(format!("stile-{purpose}-{:016x}", rand::random::<u64>()));
@@ -67,7 +69,7 @@ impl Home {
     }
 
     /// Runs one of PostgreSQL's programs as the servers' owner, to its end.
-    pub(super) async fn tool(&self, name: &str, args: &[&str]) -> anyhow::Result<()> {
+    pub(crate) async fn tool(&self, name: &str, args: &[&str]) -> anyhow::Result<()> {
         let mut command = self.command(name);
         command.args(args).stdin(Stdio::null());
         let output = tokio::task::spawn_blocking(move || command.output()).await?.with_context(|| format!("run {name}"))?;
@@ -83,9 +85,23 @@ impl Home {
         Ok(())
     }
 
+    /// Writes `contents` to the file `name` in the directory, readable by
+    /// the servers' owner alone (as PostgreSQL wants of a private key), and
+    /// answers its path.
+    pub(crate) fn write_file(&self, name: &str, contents: &[u8]) -> anyhow::Result<PathBuf> {
+        let path = self.dir.join(name);
+        std::fs::write(&path, contents).with_context(|| format!("write {}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        if let Some(owner) = self.owner {
+            std::os::unix::fs::chown(&path, Some(owner.uid), Some(owner.gid))
+                .with_context(|| format!("give {} to the postgres user", path.display()))?;
+        }
+        Ok(path)
+    }
+
     /// `initdb` of a server's data directory (trust, UTF8, C), with `extra`
     /// arguments.
-    pub(super) async fn initdb(&self, server: &Server, extra: &[&str]) -> anyhow::Result<()> {
+    pub(crate) async fn initdb(&self, server: &Server, extra: &[&str]) -> anyhow::Result<()> {
         let data = server.data.display().to_string();
         let mut args = vec!["-D", &data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"];
         args.extend_from_slice(extra);
@@ -96,7 +112,7 @@ impl Home {
     /// `<role>.log` beside its data directory. Spawns it from the calling
     /// thread, which it dies with: call it from a thread that lasts the run,
     /// such as a runtime's worker, never from a blocking task.
-    pub(super) fn serve(&self, server: &Server, settings: &[String]) -> anyhow::Result<()> {
+    pub(crate) fn serve(&self, server: &Server, settings: &[String]) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -120,7 +136,7 @@ impl Home {
     }
 
     /// Waits until a server accepts connections.
-    pub(super) async fn ready(&self, server: &Server) -> anyhow::Result<()> {
+    pub(crate) async fn ready(&self, server: &Server) -> anyhow::Result<()> {
         let deadline = Instant::now() + READY_WITHIN;
         loop {
             if let Some(status) = server.exit_status() {
@@ -194,48 +210,55 @@ fn mount_tmpfs(dir: &Path, mb: u64) -> anyhow::Result<()> {
 
 /// One server in a [`Home`].
 #[derive(Debug)]
-pub(super) struct Server {
+pub(crate) struct Server {
     role: &'static str,
     data: PathBuf,
-    pub(super) port: u16,
+    pub(crate) port: u16,
     child: Mutex<Option<Child>>,
 }
 
 impl Server {
-    pub(super) fn new(home: &Home, role: &'static str, port: u16) -> Server {
+    pub(crate) fn new(home: &Home, role: &'static str, port: u16) -> Server {
         Server { role, data: home.dir.join(role), port, child: Mutex::new(None) }
     }
 
     /// `127.0.0.1:port`.
-    pub(super) fn address(&self) -> String {
+    pub(crate) fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// A connection to one of its databases, this server only.
-    pub(super) fn config(&self, dbname: &str) -> tokio_postgres::Config {
+    /// A connection to one of its databases, this server only, without TLS
+    /// (which a test's server may or may not offer).
+    pub(crate) fn config(&self, dbname: &str) -> DbConfig {
         let mut config = tokio_postgres::Config::new();
-        config.host("127.0.0.1").port(self.port).user("postgres").dbname(dbname).connect_timeout(Duration::from_secs(5));
         config
+            .host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname(dbname)
+            .connect_timeout(Duration::from_secs(5))
+            .ssl_mode(tokio_postgres::config::SslMode::Disable);
+        DbConfig::from(config)
     }
 
     /// The data directory.
-    pub(super) fn data(&self) -> &Path {
+    pub(crate) fn data(&self) -> &Path {
         &self.data
     }
 
-    pub(super) fn log_path(&self) -> PathBuf {
+    pub(crate) fn log_path(&self) -> PathBuf {
         self.data.with_extension("log")
     }
 
     /// The last lines of what the server printed, for errors.
-    pub(super) fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
     /// How the server's process ended, if it has (and it is reaped).
-    pub(super) fn exit_status(&self) -> Option<String> {
+    pub(crate) fn exit_status(&self) -> Option<String> {
         let mut child = self.child.lock().expect("not poisoned");
         let status = child.as_mut()?.try_wait().ok()??;
         *child = None;
@@ -243,14 +266,14 @@ impl Server {
     }
 
     /// Waits for the server's process to end (after a stop) and reaps it.
-    pub(super) fn reap(&self) -> String {
+    pub(crate) fn reap(&self) -> String {
         let child = self.child.lock().expect("not poisoned").take();
         child.map_or_else(|| "not running".to_owned(), |mut child| child.wait().map_or_else(|e| e.to_string(), |s| s.to_string()))
     }
 
     /// Stops the server at once (SIGQUIT, PostgreSQL's immediate shutdown),
     /// SIGKILL if it has not exited within 10 s, and reaps it.
-    pub(super) fn stop_now(&self) {
+    pub(crate) fn stop_now(&self) {
         let Some(mut child) = self.child.lock().expect("not poisoned").take() else { return };
         if let Ok(pid) = i32::try_from(child.id()) {
             // SAFETY: a plain system call on the pid of a child not yet reaped.
@@ -270,28 +293,28 @@ impl Server {
 
 /// What an [`OwnServer`] is made with.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct OwnServerSpec {
-    pub(super) max_connections: u32,
+pub(crate) struct OwnServerSpec {
+    pub(crate) max_connections: u32,
     /// The size of the tmpfs it lives on (data and WAL), if any.
-    pub(super) tmpfs_mb: Option<u64>,
+    pub(crate) tmpfs_mb: Option<u64>,
 }
 
 /// A single server of the checker's own with the gateways' database, so that
 /// faults that would disturb everyone else on the shared server (all its
 /// connections taken, its disk full) stay in the run.
 #[derive(Debug)]
-pub(super) struct OwnServer {
-    pub(super) server: Server,
+pub(crate) struct OwnServer {
+    pub(crate) server: Server,
     settings: Vec<String>,
-    pub(super) spec: OwnServerSpec,
+    pub(crate) spec: OwnServerSpec,
     /// Declared last: dropped after the server has been stopped.
-    pub(super) home: Home,
+    pub(crate) home: Home,
 }
 
 impl OwnServer {
     /// Makes the server and its database. Spawns the server from the calling
     /// thread (see [`Home::serve`]).
-    pub(super) async fn start(spec: OwnServerSpec) -> anyhow::Result<OwnServer> {
+    pub(crate) async fn start(spec: OwnServerSpec) -> anyhow::Result<OwnServer> {
         let home = Home::new("own-server", spec.tmpfs_mb)?;
         let server = Server::new(&home, "server", free_ports::<1>()?[0]);
         // 1 MiB WAL segments and a small max_wal_size keep WAL within a small
@@ -311,7 +334,7 @@ impl OwnServer {
     }
 
     /// The gateways' database, for gateways and checks alike.
-    pub(super) fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgresql://postgres@{}/{DATABASE}", self.server.address())
     }
 
@@ -319,7 +342,7 @@ impl OwnServer {
     /// when it cannot recover, as after a write to its WAL failed), and
     /// waits until it accepts connections. Answers how it had ended, with
     /// the last lines of its log that say why, if it had.
-    pub(super) async fn ensure_running(&self) -> anyhow::Result<Option<String>> {
+    pub(crate) async fn ensure_running(&self) -> anyhow::Result<Option<String>> {
         let Some(status) = self.server.exit_status() else {
             self.home.ready(&self.server).await?;
             return Ok(None);
@@ -380,7 +403,7 @@ fn owner() -> anyhow::Result<Option<Owner>> {
 
 /// `N` distinct ports free on 127.0.0.1 (held together while they are
 /// chosen, so that they differ).
-pub(super) fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
+pub(crate) fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
     let listeners: Vec<std::net::TcpListener> =
         (0..N).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     let mut ports = [0; N];
