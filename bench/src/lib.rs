@@ -1,4 +1,4 @@
-//! What stile's benchmark programs (`load`, `sql_bench`, `cache_bench`)
+//! What stile's benchmark programs (`load`, `storm`, `sql_bench`, `cache_bench`)
 //! share: the forms their flags take, the median they report, the record of
 //! the machine they ran on, and how a run stopped by hand ends.
 //!
@@ -17,12 +17,28 @@ use stile_tests::pg::unless_interrupted;
 /// `p{partition}` of `queue`, transactionIds `{tag}-{seq}-{i}`, payloads of
 /// about 60 bytes. Written into `body`, which is cleared first.
 pub fn write_push_body(body: &mut String, queue: &str, partition: usize, tag: &str, seq: u64, size: usize) {
-    write_items(body, queue, partition, size, |body, i| {
-        let _ = write!(
-            body,
-            r#""transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}"#
-        );
+    write_items(body, queue, partition, size, |body, i| write_pushed_item(body, tag, seq, i));
+}
+
+/// A request re-sending items of earlier fresh requests to partition
+/// `p{partition}` of `queue`: each `(tag, seq, i)` of `items` is item `i` of
+/// the request [`write_push_body`] wrote with that `tag` and `seq`, byte for
+/// byte (same transactionId, same payload). Written into `body`, which is
+/// cleared first.
+pub fn write_pushed_items(body: &mut String, queue: &str, partition: usize, items: &[(&str, u64, usize)]) {
+    write_items(body, queue, partition, items.len(), |body, k| {
+        let (tag, seq, i) = items[k];
+        write_pushed_item(body, tag, seq, i);
     });
+}
+
+/// The `"transactionId"` and `"payload"` members of item `i` of the fresh
+/// request `seq` of the connection `tag`.
+fn write_pushed_item(body: &mut String, tag: &str, seq: u64, i: usize) {
+    let _ = write!(
+        body,
+        r#""transactionId":"{tag}-{seq}-{i}","payload":{{"order":{seq},"line":{i},"amount":99.5,"currency":"EUR"}}"#
+    );
 }
 
 /// A redelivery of stored messages: items of partition `p{partition}` of
@@ -68,6 +84,17 @@ pub fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
     debug_assert!(sorted_us.is_sorted(), "the latencies are sorted");
     let rank = ((p / 100.0) * sorted_us.len() as f64).ceil() as usize;
     sorted_us.get(rank.clamp(1, sorted_us.len().max(1)) - 1).map_or(f64::NAN, |&us| f64::from(us) / 1000.0)
+}
+
+/// A `--pg-set` value: a setting's name (lower-case letters, `_` and `.`,
+/// as PostgreSQL's own and extensions' settings are named, which keeps it
+/// safe to splice into `ALTER DATABASE`) and its value.
+pub fn pg_setting(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text.split_once('=').ok_or_else(|| format!("NAME=VALUE, got {text:?}"))?;
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '.') {
+        return Err(format!("not a setting name: {name:?}"));
+    }
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 /// The value of a flag that turns something off or on, written as the
@@ -214,6 +241,29 @@ mod tests {
         );
         write_push_body(&mut body, "q", 0, "t", 0, 0);
         assert_eq!(body, r#"{"items":[]}"#);
+    }
+
+    #[test]
+    fn pushed_items_are_sent_again_byte_for_byte() {
+        let mut fresh = String::new();
+        write_push_body(&mut fresh, "q", 3, "t", 7, 2);
+        let mut again = String::new();
+        write_pushed_items(&mut again, "q", 3, &[("t", 7, 0), ("t", 7, 1)]);
+        assert_eq!(again, fresh);
+        write_pushed_items(&mut again, "q", 3, &[("u", 2, 5)]);
+        assert_eq!(
+            again,
+            r#"{"items":[{"queue":"q","partition":"p3","transactionId":"u-2-5","payload":{"order":2,"line":5,"amount":99.5,"currency":"EUR"}}]}"#
+        );
+    }
+
+    #[test]
+    fn settings_are_names_and_values() {
+        assert_eq!(pg_setting("work_mem=8MB"), Ok(("work_mem".to_owned(), "8MB".to_owned())));
+        assert_eq!(pg_setting("a.b=x=y"), Ok(("a.b".to_owned(), "x=y".to_owned())));
+        assert!(pg_setting("work_mem").is_err());
+        assert!(pg_setting("Work_mem=1").is_err());
+        assert!(pg_setting("x;drop=1").is_err());
     }
 
     #[test]
