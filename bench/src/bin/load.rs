@@ -62,8 +62,8 @@ use rand::{Rng as _, SeedableRng as _};
 use serde_json::json;
 use stile_bench::pgbench::{PeerFigures, Pgbench};
 use stile_bench::{
-    Switch, count, load_average, machine, median, percentile_ms, run_to_end, seconds, server_version, write_push_body,
-    write_replay_body,
+    Switch, count, load_average, machine, median, percentile_ms, pg_setting, run_to_end, seconds, server_version,
+    write_push_body, write_replay_body,
 };
 use stile_tests::cpu::{context_switches, cpu_seconds, postgres_cpu_seconds};
 use stile_tests::gateway::{Client, Gateway, GatewayOptions, fresh_database, metric};
@@ -147,17 +147,6 @@ fn main() {
         .build()
         .expect("a tokio runtime");
     run_to_end("load", "its gateways are stopped and its database dropped", runtime, run(args));
-}
-
-/// A `--pg-set` value: a setting's name (lower-case letters, `_` and `.`,
-/// as PostgreSQL's own and extensions' settings are named, which keeps it
-/// safe to splice into `ALTER DATABASE`) and its value.
-fn pg_setting(text: &str) -> Result<(String, String), String> {
-    let (name, value) = text.split_once('=').ok_or_else(|| format!("NAME=VALUE, got {text:?}"))?;
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '.') {
-        return Err(format!("not a setting name: {name:?}"));
-    }
-    Ok((name.to_owned(), value.to_owned()))
 }
 
 /// Connections pushing the prefill.
