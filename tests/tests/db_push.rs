@@ -66,6 +66,20 @@ async fn push_in_sql(c: &tokio_postgres::Client, s: &SegmentPush, clock_floor_ms
     rows.into_iter().next().expect("one row per segment")
 }
 
+/// Pushes `s` (see [`push_in_sql`]) in a transaction rolled back after it,
+/// and counts the entries of `stile.log`'s primary key the push read. The
+/// counter is the backend's own, not yet reported: the difference inside one
+/// transaction is what the push read.
+async fn push_counting_index_reads(c: &tokio_postgres::Client, s: &SegmentPush) -> (tokio_postgres::Row, i64) {
+    let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass) AS entries_read";
+    c.batch_execute("BEGIN").await.unwrap();
+    let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get("entries_read");
+    let row = push_in_sql(c, s, Some(0)).await;
+    let read = c.query_one(index_reads, &[]).await.unwrap().get::<_, i64>("entries_read") - before;
+    c.batch_execute("ROLLBACK").await.unwrap();
+    (row, read)
+}
+
 /// Removes the messages of the log row at `base_offset` and keeps its hashes,
 /// as retention does for a retention shorter than the window.
 async fn remove_messages(c: &tokio_postgres::Client, partition_id: i64, base_offset: i64) {
@@ -391,12 +405,7 @@ async fn replays_stored_in_rows_side_by_side_are_found_above_their_shared_floor(
     .unwrap();
     let replayed = ["r2", "r5", "r3"];
     let retry = segment(p.id, &replayed, 0, 3600);
-    let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass) AS entries_read";
-    c.batch_execute("BEGIN").await.unwrap();
-    let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get("entries_read");
-    let row = push_in_sql(&c, &retry, Some(0)).await;
-    let read = c.query_one(index_reads, &[]).await.unwrap().get::<_, i64>("entries_read") - before;
-    c.batch_execute("ROLLBACK").await.unwrap();
+    let (row, read) = push_counting_index_reads(&c, &retry).await;
     let (probe, idx, off): (String, Vec<i32>, Vec<i64>) = (row.get("probe"), row.get("dup_idx"), row.get("dup_off"));
     assert_eq!(probe, "narrowed");
     assert_eq!((idx, off), (vec![0, 1, 2], vec![2, 5, 3]));
@@ -452,14 +461,7 @@ async fn a_narrowed_retry_reads_one_index_entry_however_long_its_span() {
         [(vec!["a0"], 0, 1), (vec!["c1", "b0"], 1, 1), (xs.clone(), 3, 1), (xs, 1, 4), (vec!["x0"], 1, 3), (ys, 13, 1)]
     {
         let retry = segment(p.id, &names, floor, 3600);
-        // The counter is the backend's own, not yet reported: the difference
-        // inside one transaction is what the push read.
-        let index_reads = "SELECT pg_stat_get_xact_tuples_returned('stile.log_pkey'::regclass) AS entries_read";
-        c.batch_execute("BEGIN").await.unwrap();
-        let before: i64 = c.query_one(index_reads, &[]).await.unwrap().get("entries_read");
-        let row = push_in_sql(&c, &retry, Some(0)).await;
-        let read = c.query_one(index_reads, &[]).await.unwrap().get::<_, i64>("entries_read") - before;
-        c.batch_execute("ROLLBACK").await.unwrap();
+        let (row, read) = push_counting_index_reads(&c, &retry).await;
         let (probe, idx, off): (String, Vec<i32>, Vec<i64>) = (row.get("probe"), row.get("dup_idx"), row.get("dup_off"));
         let expected: Vec<i64> = names.iter().map(|n| offset_of(n)).collect();
         assert_eq!(probe, "narrowed", "{names:?}");
