@@ -943,9 +943,7 @@ BEGIN
                 v_count := 0;
             END IF;
         END IF;
-        IF v_committed THEN
-            NULL;
-        ELSIF v_pid IS DISTINCT FROM v_locked_pid THEN
+        IF NOT v_committed AND v_pid IS DISTINCT FROM v_locked_pid THEN
             -- Lock: the verdict and the allocation are one statement where the
             -- allocator's condition holds on the row the UPDATE locks (its
             -- latest version); otherwise the row is locked and the probe decides.
