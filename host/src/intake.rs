@@ -15,10 +15,16 @@
 //! slice and then grows only into room that is free at that moment; when
 //! there is none, it is refused rather than left to wait while it holds.
 //!
-//! Under a backlog the gateway sheds rather than queues without end: at most
-//! one budget's worth of requests waits for room, in arrival order, and none
-//! longer than the queue's time limit; past either, a request is refused
-//! ([`Shed`]) before its body is read, and its client is told to retry.
+//! Under a backlog the gateway sheds rather than queues without end: requests
+//! wait for room in arrival order, as many as the recent rate of admission
+//! would let in within most of the queue's time limit ([`DrainRate`]; at
+//! least one budget's worth), and none longer than that limit; past either, a
+//! request is refused ([`Shed`]) before its body is read, and its client is
+//! told to retry. Bounding the backlog by time rather than by bytes keeps
+//! clients that retry a 503 at once from spinning while a wait of a few
+//! seconds would have served them: a refused request's body is still read and
+//! thrown away, and its client sends it again, which costs the CPU that the
+//! admitted requests need.
 //!
 //! Large requests may hold at most the budget less a reserve
 //! ([`RESERVE_FRACTION`]): the reserve is for small requests, so that a few
@@ -62,6 +68,14 @@ pub const UNDECLARED_FIRST_SLICE_BYTES: usize = 64 << 10;
 /// How long after a refusal the intake still reports itself saturated.
 const SATURATION_MEMORY: Duration = Duration::from_secs(1);
 
+/// The share of the queue's time limit the backlog may take to drain, at the
+/// recent rate of admission: the rest is a margin for the rate to fall, so
+/// that a request let wait is seldom refused at the limit.
+const BACKLOG_SHARE_OF_QUEUE_TIMEOUT: f64 = 0.8;
+
+/// How long a window of the admission rate lasts.
+const DRAIN_WINDOW: Duration = Duration::from_secs(1);
+
 /// How an intake is set up.
 #[derive(Clone, Copy, Debug)]
 pub struct IntakeConfig {
@@ -96,6 +110,7 @@ pub struct Intake {
     /// When the last request was refused, in milliseconds since `born`.
     last_shed_ms: AtomicU64,
     born: Instant,
+    drain: DrainRate,
     counters: IntakeCounters,
 }
 
@@ -103,7 +118,8 @@ pub struct Intake {
 /// may be sent again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shed {
-    /// A budget's worth of requests already waits for room.
+    /// The requests already waiting for room would not all be let in within
+    /// the queue's time limit.
     Backlog,
     /// No room came within the queue's time limit.
     Timeout(Duration),
@@ -114,7 +130,9 @@ pub enum Shed {
 impl std::fmt::Display for Shed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Shed::Backlog => f.write_str("the gateway is at capacity and a full backlog waits; retry"),
+            Shed::Backlog => {
+                f.write_str("the gateway is at capacity and its backlog would not drain within the queue time limit; retry")
+            }
             Shed::Timeout(limit) => {
                 write!(f, "the gateway had no room for this request within {} s; retry", limit.as_secs_f64())
             }
@@ -158,6 +176,7 @@ impl Intake {
             waiting_requests: AtomicUsize::new(0),
             last_shed_ms: AtomicU64::new(u64::MAX),
             born: Instant::now(),
+            drain: DrainRate::new(),
             counters,
         }
     }
@@ -173,22 +192,33 @@ impl Intake {
             return Ok(());
         }
         if let Some(taken) = self.try_take(charge) {
+            self.drain.admitted(charge);
             *held = taken;
             return Ok(());
         }
         let backlog = self.waiting_bytes.fetch_add(charge, Ordering::AcqRel) + charge;
         let mut waiting = Waiting { intake: self, charge, queued: false };
-        if backlog > self.limit_bytes {
+        if backlog > self.backlog_limit_bytes() {
             return Err(self.shed(Shed::Backlog));
         }
         waiting.queue();
         match tokio::time::timeout(self.queue_timeout, self.take(charge)).await {
             Ok(taken) => {
+                self.drain.admitted(charge);
                 *held = taken;
                 Ok(())
             }
             Err(_) => Err(self.shed(Shed::Timeout(self.queue_timeout))),
         }
+    }
+
+    /// The most bytes of requests that may wait for room: what the recent
+    /// rate of admission lets in within most of the queue's time limit, and
+    /// at least one budget.
+    fn backlog_limit_bytes(&self) -> usize {
+        let drains = self.drain.bytes_per_second() * self.queue_timeout.as_secs_f64() * BACKLOG_SHARE_OF_QUEUE_TIMEOUT;
+        // A float past usize's range saturates in the cast.
+        (drains as usize).max(self.limit_bytes)
     }
 
     /// Grows what `held` holds for a body sent without a length to the
@@ -308,6 +338,51 @@ impl Intake {
 
     fn millis_since_born(&self) -> u64 {
         u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+}
+
+/// The rate at which charges are admitted, over the last whole window of
+/// [`DRAIN_WINDOW`]: about the rate at which room is given back while
+/// requests wait for it, which is when it is asked.
+#[derive(Debug)]
+struct DrainRate {
+    admitted_bytes: AtomicU64,
+    window: std::sync::Mutex<DrainWindow>,
+}
+
+#[derive(Debug)]
+struct DrainWindow {
+    started: Instant,
+    admitted_at_start: u64,
+    bytes_per_second: f64,
+}
+
+impl DrainRate {
+    fn new() -> DrainRate {
+        let window = DrainWindow { started: Instant::now(), admitted_at_start: 0, bytes_per_second: 0.0 };
+        DrainRate { admitted_bytes: AtomicU64::new(0), window: std::sync::Mutex::new(window) }
+    }
+
+    fn admitted(&self, charge: usize) {
+        self.admitted_bytes.fetch_add(charge as u64, Ordering::Relaxed);
+    }
+
+    /// The rate of the last whole window; a window that has ended is closed
+    /// here. After a quiet spell, the first window of a burst measures the
+    /// quiet too, and the rate is low until it has passed.
+    fn bytes_per_second(&self) -> f64 {
+        let admitted = self.admitted_bytes.load(Ordering::Relaxed);
+        let mut window = self.window.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let elapsed = window.started.elapsed();
+        if elapsed >= DRAIN_WINDOW {
+            let bytes = admitted.saturating_sub(window.admitted_at_start);
+            *window = DrainWindow {
+                started: Instant::now(),
+                admitted_at_start: admitted,
+                bytes_per_second: bytes as f64 / elapsed.as_secs_f64(),
+            };
+        }
+        window.bytes_per_second
     }
 }
 
@@ -497,6 +572,39 @@ mod tests {
         assert_eq!(intake.admit(&mut third, 200_000).await, Err(Shed::Backlog), "900,000 + 600,000 wait past the budget");
         drop(first);
         assert_eq!(waiter.await.unwrap(), Ok(900_000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_backlog_lets_wait_what_the_recent_rate_admits_within_the_queue_limit() {
+        let intake = Arc::new(intake(1 << 20));
+        // One window admitting 3,000,000 bytes a second, about three budgets:
+        // in 80 % of the 5 s limit, 12,000,000 bytes may wait.
+        for _ in 0..10 {
+            let mut held = Held::default();
+            intake.admit(&mut held, 100_000).await.unwrap();
+        }
+        tokio::time::advance(DRAIN_WINDOW).await;
+        assert_eq!(intake.drain.bytes_per_second(), 3_000_000.0);
+        let mut first = Held::default();
+        intake.admit(&mut first, 300_000).await.unwrap();
+        let mut waiters = Vec::new();
+        for _ in 0..13 {
+            let intake = intake.clone();
+            waiters.push(tokio::spawn(async move {
+                let mut held = Held::default();
+                intake.admit(&mut held, 300_000).await.map(|()| held.bytes())
+            }));
+        }
+        while intake.state().waiting_requests < 13 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(intake.counters.shed.get(), 0, "11,700,000 bytes wait, thirteen budgets' worth");
+        let mut past = Held::default();
+        assert_eq!(intake.admit(&mut past, 300_000).await, Err(Shed::Backlog), "12,600,000 bytes would wait");
+        drop(first);
+        for waiter in waiters {
+            assert_eq!(waiter.await.unwrap(), Ok(900_000));
+        }
     }
 
     #[tokio::test]

@@ -133,8 +133,9 @@ struct ServeArgs {
     #[arg(long, env = "STILE_SEND_TIMEOUT", allow_negative_numbers = true, default_value_t = ConnectionLimits::default().send.as_secs_f64())]
     send_timeout: f64,
     /// Seconds a request may wait for room among the requests in progress
-    /// (`--max-held-mb`) before its body is read; past it, or when a full
-    /// budget's worth of requests already waits, it is answered 503 with
+    /// (`--max-held-mb`) before its body is read; past it, or when the
+    /// requests already waiting would not all be let in within four fifths
+    /// of it at the last second's rate, it is answered 503 with
     /// `Retry-After`.
     #[arg(long, env = "STILE_QUEUE_TIMEOUT", allow_negative_numbers = true, default_value_t = ConnectionLimits::default().queue.as_secs_f64())]
     queue_timeout: f64,

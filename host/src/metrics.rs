@@ -177,7 +177,7 @@ impl Metrics {
             );
             r.register(
                 "requests_shed",
-                "Requests answered 503 for want of room, their bodies unread: a budget's worth already waited, or none came within --queue-timeout",
+                "Requests answered 503 for want of room, their bodies unread: the backlog would not drain within --queue-timeout, or none came within it",
                 metrics.requests_shed.clone(),
             );
             r.register(

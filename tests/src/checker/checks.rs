@@ -544,7 +544,9 @@ mod tests {
             shed
         };
         let written = vec![copy(0, a, "x", 10 * S + 500, (0, 0, 0))];
-        let shed = refused(r#"{"error":"body: the gateway is at capacity and a full backlog waits; retry"}"#);
+        let shed = refused(
+            r#"{"error":"body: the gateway is at capacity and its backlog would not drain within the queue time limit; retry"}"#,
+        );
         let report = checked(&[shed], written.clone(), &long);
         assert_eq!(kinds(&report), ["written-though-shed"], "{report}");
         let unavailable = refused(r#"{"error":"the database is unavailable; retry"}"#);

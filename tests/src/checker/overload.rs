@@ -579,7 +579,9 @@ mod tests {
 
     #[test]
     fn shed_answers_are_told_from_other_503s() {
-        assert!(is_shed(r#"{"error":"body: the gateway is at capacity and a full backlog waits; retry"}"#));
+        assert!(is_shed(
+            r#"{"error":"body: the gateway is at capacity and its backlog would not drain within the queue time limit; retry"}"#
+        ));
         assert!(is_shed(r#"{"error":"body: the gateway had no room for this request within 5 s; retry"}"#));
         assert!(!is_shed(r#"{"error":"the database is unavailable; retry"}"#));
         assert!(!is_shed(r#"{"error":"the gateway has no room for an answer now; retry"}"#));
@@ -612,7 +614,8 @@ mod tests {
         assert_eq!(tally.findings, 0, "a duplicate without a shed before it is no finding");
         answered(201, &two("queued", "duplicate"), 1, true, shape, 2, &mut tally);
         assert_eq!(tally.findings, 1);
-        let shed = r#"{"error":"body: the gateway is at capacity and a full backlog waits; retry"}"#;
+        let shed =
+            r#"{"error":"body: the gateway is at capacity and its backlog would not drain within the queue time limit; retry"}"#;
         assert!(matches!(answered(503, shed, 1, false, shape, 3, &mut tally), Next::Again { shed: true }));
         assert!(matches!(answered(503, r#"{"error":"down"}"#, 1, false, shape, 3, &mut tally), Next::Again { shed: false }));
         answered(500, r#"{"error":"boom"}"#, 1, false, shape, 4, &mut tally);
