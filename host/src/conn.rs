@@ -69,8 +69,9 @@ enum Phase {
     Idle(Instant),
     /// A request's header is arriving, since its first byte.
     Header(Instant),
-    /// A request is being served: its handler runs.
-    Serving,
+    /// Requests are being served: this many handlers run (more than one
+    /// only on an HTTP/2 connection, one per stream).
+    Serving(usize),
 }
 
 impl ConnectionPhase {
@@ -78,14 +79,25 @@ impl ConnectionPhase {
         ConnectionPhase { phase: Arc::new(Mutex::new(Phase::Idle(Instant::now()))) }
     }
 
-    /// A request's header is complete and its handler starts.
-    pub fn serving(&self) {
-        *self.lock() = Phase::Serving;
+    /// A request's header is complete and its handler starts; the handler
+    /// keeps the guard until it has answered (or is dropped unfinished).
+    pub fn serving(&self) -> Serving {
+        let mut phase = self.lock();
+        *phase = match *phase {
+            Phase::Serving(handlers) => Phase::Serving(handlers + 1),
+            Phase::Idle(_) | Phase::Header(_) => Phase::Serving(1),
+        };
+        Serving { phase: self.clone() }
     }
 
-    /// The handler has answered: the connection waits for the next request.
-    pub fn answered(&self) {
-        *self.lock() = Phase::Idle(Instant::now());
+    /// A handler has answered: once none runs, the connection waits for
+    /// the next request.
+    fn answered(&self) {
+        let mut phase = self.lock();
+        *phase = match *phase {
+            Phase::Serving(handlers) if handlers > 1 => Phase::Serving(handlers - 1),
+            _ => Phase::Idle(Instant::now()),
+        };
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Phase> {
@@ -98,7 +110,7 @@ impl ConnectionPhase {
         match *self.lock() {
             Phase::Idle(since) => Some(since + limits.idle),
             Phase::Header(since) => Some(since + limits.header),
-            Phase::Serving => None,
+            Phase::Serving(_) => None,
         }
     }
 
@@ -107,6 +119,20 @@ impl ConnectionPhase {
         if matches!(*phase, Phase::Idle(_)) {
             *phase = Phase::Header(Instant::now());
         }
+    }
+}
+
+/// A request being served on a connection: while any is, the connection's
+/// reads have no limit here (the handler keeps the body's).
+#[derive(Debug)]
+#[must_use = "the request counts as served only while the guard is kept"]
+pub struct Serving {
+    phase: ConnectionPhase,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.phase.answered();
     }
 }
 
@@ -269,10 +295,10 @@ mod tests {
         client.write_all(b"x").await.unwrap();
         let mut buf = [0u8; 8];
         assert_eq!(io.read(&mut buf).await.unwrap(), 1);
-        phase.serving();
+        let serving = phase.serving();
         let read = tokio::time::timeout(Duration::from_secs(3600), io.read(&mut buf)).await;
         assert!(read.is_err(), "a served request's reads wait as long as the handler lets them");
-        phase.answered();
+        drop(serving);
         let answered = Instant::now();
         assert_eq!(io.read(&mut buf).await.unwrap_err().kind(), io::ErrorKind::TimedOut);
         assert_eq!(answered.elapsed(), Duration::from_secs(60));
@@ -289,5 +315,21 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_secs(5));
         let mut buf = [0u8; 16];
         client.read_exact(&mut buf).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_idle_again_only_once_every_stream_it_serves_has_answered() {
+        let (_client, server) = duplex(64);
+        let (mut io, phase) = TimedIo::new(server, limits());
+        let first = phase.serving();
+        let second = phase.serving();
+        drop(first);
+        let mut buf = [0u8; 8];
+        let read = tokio::time::timeout(Duration::from_secs(3600), io.read(&mut buf)).await;
+        assert!(read.is_err(), "one stream still served: no idle limit");
+        drop(second);
+        let idle = Instant::now();
+        assert_eq!(io.read(&mut buf).await.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert_eq!(idle.elapsed(), Duration::from_secs(60));
     }
 }

@@ -104,10 +104,10 @@ pub async fn handle(
     _peer: SocketAddr,
     phase: ConnectionPhase,
 ) -> Result<Response<HeldBody>, Infallible> {
-    phase.serving();
+    let _serving = phase.serving();
     let origin = match screened(&app.config, &request) {
         Ok(origin) => origin,
-        Err(refused) => return Ok(answer(&app, refused.into_response(), Held::default(), &phase)),
+        Err(refused) => return Ok(answer(&app, refused.into_response(), Held::default())),
     };
     let mut held = Held::default();
     let mut reply = route(&app, request, &mut held).await;
@@ -115,16 +115,15 @@ pub async fn handle(
         reply.headers_mut().insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
         reply.headers_mut().insert(VARY, HeaderValue::from_static("Origin"));
     }
-    Ok(answer(&app, reply, held, &phase))
+    Ok(answer(&app, reply, held))
 }
 
 /// Holds the answer's bytes against the intake (giving back what the
 /// request held for its body beyond them) until the connection has sent
 /// them.
-fn answer(app: &App, reply: Reply, held: Held, phase: &ConnectionPhase) -> Response<HeldBody> {
+fn answer(app: &App, reply: Reply, held: Held) -> Response<HeldBody> {
     let (parts, bytes) = reply.into_parts();
     let held = app.intake.hold_answer(held, bytes.len());
-    phase.answered();
     Response::from_parts(parts, HeldBody::new(bytes, held))
 }
 

@@ -3,12 +3,14 @@
 #![deny(unsafe_code)]
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use stile::cache::EngineKind;
 use stile::conn::ConnectionLimits;
 use stile::http::HttpConfig;
+use stile::server::tls::ListenerTls;
 use stile::server::{RUNTIME_GRACE, ServeConfig, serve};
 use stile::shard::{ShardPlacement, WorkerConfig};
 
@@ -100,6 +102,14 @@ struct ServeArgs {
     /// Require `Authorization: Bearer <token>` on /api/*.
     #[arg(long, env = "STILE_BEARER_TOKEN")]
     bearer_token: Option<String>,
+    /// HTTPS: the gateway's certificate, PEM (any intermediates after it).
+    /// With `--tls-key`, the listener speaks only HTTPS, HTTP/2 and
+    /// HTTP/1.1 by ALPN.
+    #[arg(long, env = "STILE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// HTTPS: the certificate's private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "STILE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// An origin (`https://app.example`) whose browser requests are served,
     /// with CORS headers; repeat it, or give a comma-separated list; `*` for
     /// any. Unset: a request whose `Origin` is not the gateway's own is
@@ -189,6 +199,7 @@ fn main() -> std::process::ExitCode {
     let Command::Serve(args) = Cli::parse().command;
     let config = ServeConfig {
         listen: args.listen,
+        tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| ListenerTls { cert, key }),
         database_url: args.database_url,
         shards: args.shards.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         cache_mb: args.cache_mb,

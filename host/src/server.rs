@@ -1,17 +1,24 @@
 //! Start-up, serving and graceful shutdown of the gateway.
 
+mod streams;
+pub mod tls;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
+
+use self::streams::StreamTasks;
+use self::tls::{Acceptor, ListenerTls};
 
 use crate::cache::{EngineKind, ShardCache};
 use crate::conn::TimedIo;
@@ -27,6 +34,8 @@ use crate::wasm::WasmEngine;
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
+    /// HTTPS on the listener; `None` serves plain HTTP.
+    pub tls: Option<ListenerTls>,
     /// A libpq URI or keyword string; empty for the PG* variables and libpq's
     /// defaults.
     pub database_url: String,
@@ -72,6 +81,7 @@ pub const RUNTIME_GRACE: Duration = Duration::from_secs(1);
 /// flight after `config.shutdown_timeout` have their connections closed, and
 /// the shards have [`FLUSH_GRACE`] more to finish their bundles.
 pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let acceptor = config.tls.as_ref().map(Acceptor::from_files).transpose()?;
     let database = DbConfig::parse(&config.database_url).context("the database URL")?;
     let shown = database.to_url(false);
     let db = Db::from_config(database, config.pool_size).await.with_context(|| format!("connect to the database {shown}"))?;
@@ -112,11 +122,17 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     }
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("listen on {}", config.listen))?;
     let local = listener.local_addr()?;
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
     tracing::info!(
-        "stile listening on http://{local} (database {}, {shards} shards, engine {:?})",
+        "stile listening on {scheme}://{local} (database {}, {shards} shards, engine {:?})",
         db.redacted_url(),
         config.engine
     );
+    if config.http.bearer_token.is_some() && acceptor.is_none() && !local.ip().is_loopback() {
+        tracing::warn!(
+            "the bearer token crosses the network in clear: the listener {local} is plain HTTP beyond loopback; give --tls-cert and --tls-key"
+        );
+    }
     let purge = tokio::spawn(purge_loop(db.clone(), config.purge_every));
     let kv_purge = tokio::spawn(kv_purge_loop(db.clone(), metrics.clone()));
     let intake = Intake::new(
@@ -130,7 +146,7 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     let wake = Arc::new(crate::timers::FirerWake::default());
     let firer = tokio::spawn(crate::timers::fire_loop(gateway.clone(), wake.clone()));
     let app = Arc::new(App { gateway, firer: wake, config: config.http.clone(), intake });
-    let mut connections = accept_until(listener, app, shutdown).await;
+    let mut connections = accept_until(listener, app, acceptor, shutdown).await;
     let signalled = Instant::now();
     let drain_by = signalled + config.shutdown_timeout;
     let give_up_at = drain_by + FLUSH_GRACE;
@@ -171,11 +187,22 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
 /// section may be larger.
 const READ_BUFFER_BYTES: usize = 16 << 10;
 
-/// The connections being served: a task each, kept to be aborted, and
-/// hyper's graceful shutdown, which closes those between requests.
+/// How many streams an HTTP/2 connection carries at once.
+const HTTP2_STREAMS: u32 = 128;
+
+/// How much of one stream's body an HTTP/2 connection reads ahead of its
+/// handler (the window it grants), and of all its streams' together: what
+/// a request waiting for room in the intake leaves unread in the socket.
+const HTTP2_STREAM_WINDOW_BYTES: u32 = 64 << 10;
+const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 256 << 10;
+
+/// The connections being served: a task each, kept to be aborted; hyper's
+/// graceful shutdown, which closes those between requests; and the tasks of
+/// their HTTP/2 streams, ended with them.
 struct Connections {
     tasks: JoinSet<()>,
     graceful: GracefulShutdown,
+    streams: StreamTasks,
 }
 
 impl Connections {
@@ -190,21 +217,27 @@ impl Connections {
     /// their requests (and the shard handles they hold). Returns by
     /// `give_up_at` whatever the tasks do.
     async fn close(self, drain_by: Instant, give_up_at: Instant) {
-        let Connections { mut tasks, graceful } = self;
+        let Connections { mut tasks, graceful, streams } = self;
         let drained = tokio::time::timeout_at(drain_by.into(), async {
             graceful.shutdown().await;
             while tasks.join_next().await.is_some() {}
         })
         .await;
-        if drained.is_ok() {
-            return;
+        if drained.is_err() {
+            while tasks.try_join_next().is_some() {}
+            tracing::warn!(
+                "shutdown timeout: closing the connections whose requests did not finish (connections: {})",
+                tasks.len()
+            );
+            tasks.abort_all();
+            let aborted = async { while tasks.join_next().await.is_some() {} };
+            if tokio::time::timeout_at(give_up_at.into(), aborted).await.is_err() {
+                tracing::warn!("{} connection tasks did not stop when aborted; exiting without them", tasks.len());
+            }
         }
-        while tasks.try_join_next().is_some() {}
-        tracing::warn!("shutdown timeout: closing the connections whose requests did not finish (connections: {})", tasks.len());
-        tasks.abort_all();
-        let aborted = async { while tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout_at(give_up_at.into(), aborted).await.is_err() {
-            tracing::warn!("{} connection tasks did not stop when aborted; exiting without them", tasks.len());
+        let left = streams.cancel(give_up_at).await;
+        if left > 0 {
+            tracing::warn!("{left} HTTP/2 stream tasks did not stop when cancelled; exiting without them");
         }
     }
 }
@@ -212,9 +245,16 @@ impl Connections {
 /// How long the listener rests after a failed accept.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
 
-/// Accepts and serves connections until `shutdown` resolves.
-async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) -> Connections {
-    let mut connections = Connections { tasks: JoinSet::new(), graceful: GracefulShutdown::new() };
+/// Accepts and serves connections until `shutdown` resolves: over TLS when
+/// `acceptor` is given.
+async fn accept_until(
+    listener: TcpListener,
+    app: Arc<App>,
+    acceptor: Option<Acceptor>,
+    shutdown: impl Future<Output = ()>,
+) -> Connections {
+    let mut connections =
+        Connections { tasks: JoinSet::new(), graceful: GracefulShutdown::new(), streams: StreamTasks::default() };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -232,17 +272,14 @@ async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Futur
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let app = app.clone();
-                let (io, phase) = TimedIo::new(stream, app.config.limits);
-                let service = service_fn(move |request| crate::http::handle(app.clone(), request, peer, phase.clone()));
-                let connection =
-                    http1::Builder::new().max_buf_size(READ_BUFFER_BYTES).serve_connection(TokioIo::new(io), service);
-                let connection = connections.graceful.watch(connection);
-                connections.tasks.spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(error = %error, "connection ended with an error");
-                    }
-                });
+                let accepted = Accepted {
+                    app: app.clone(),
+                    peer,
+                    watcher: connections.graceful.watcher(),
+                    streams: connections.streams.clone(),
+                };
+                let acceptor = acceptor.clone();
+                connections.tasks.spawn(accepted.serve(stream, acceptor));
             }
             // The tasks of closed connections are reaped as they end, so
             // that the set holds only the open ones.
@@ -251,6 +288,48 @@ async fn accept_until(listener: TcpListener, app: Arc<App>, shutdown: impl Futur
         }
     }
     connections
+}
+
+/// A connection accepted, with what serving it needs.
+struct Accepted {
+    app: Arc<App>,
+    peer: SocketAddr,
+    watcher: Watcher,
+    streams: StreamTasks,
+}
+
+impl Accepted {
+    /// Makes the TLS handshake, when there is one, and serves the
+    /// connection's requests until it closes.
+    async fn serve(self, stream: TcpStream, acceptor: Option<Acceptor>) {
+        let Some(acceptor) = acceptor else {
+            return self.serve_http(stream).await;
+        };
+        match acceptor.accept(stream, self.app.config.limits.header).await {
+            Ok(tls) => self.serve_http(tls).await,
+            Err(error) => tracing::debug!(peer = %self.peer, error = %error, "TLS handshake failed"),
+        }
+    }
+
+    /// Serves HTTP/1.1, or HTTP/2 when the client's first bytes are its
+    /// preface (chosen by ALPN, or by prior knowledge).
+    async fn serve_http<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, io: T) {
+        let Accepted { app, peer, watcher, streams } = self;
+        let (io, phase) = TimedIo::new(io, app.config.limits);
+        let service = service_fn(move |request| crate::http::handle(app.clone(), request, peer, phase.clone()));
+        let mut builder = auto::Builder::new(streams);
+        builder.http1().max_buf_size(READ_BUFFER_BYTES);
+        builder
+            .http2()
+            .max_concurrent_streams(HTTP2_STREAMS)
+            .initial_stream_window_size(HTTP2_STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW_BYTES)
+            .max_header_list_size(READ_BUFFER_BYTES as u32);
+        let connection = watcher.watch(builder.serve_connection(TokioIo::new(io), service));
+        if let Err(error) = connection.await {
+            tracing::debug!(error = %error, "connection ended with an error");
+        }
+    }
 }
 
 /// How often expired keys are deleted, and most deleted at once.

@@ -362,6 +362,8 @@ pub fn each_line(stream: impl Read + Send + 'static, mut on_line: impl FnMut(&st
 /// so that no purge runs during a test).
 #[derive(Clone, Debug, Default)]
 pub struct GatewayOptions {
+    /// `--listen`; `None` is `127.0.0.1:0`.
+    pub listen: Option<String>,
     pub engine: Option<&'static str>,
     pub cache_mb: Option<u64>,
     pub shards: Option<usize>,
@@ -388,8 +390,9 @@ pub struct GatewayOptions {
 
 impl GatewayOptions {
     fn args(&self, database_url: &str) -> Vec<String> {
+        let listen = self.listen.as_deref().unwrap_or("127.0.0.1:0");
         let mut args: Vec<String> =
-            ["serve", "--listen", "127.0.0.1:0", "--database-url", database_url].iter().map(|s| s.to_string()).collect();
+            ["serve", "--listen", listen, "--database-url", database_url].iter().map(|s| s.to_string()).collect();
         let mut flag = |name: &str, value: String| {
             args.push(format!("--{name}"));
             args.push(value);
@@ -523,9 +526,10 @@ impl Gateway {
     }
 }
 
-/// The address in a "stile listening on http://ADDR (...)" line.
+/// The address in a "stile listening on http://ADDR (...)" line (or
+/// `https://`).
 pub fn listening_addr(line: &str) -> Option<SocketAddr> {
-    let (_, rest) = line.split_once("listening on http://")?;
+    let (_, rest) = line.split_once("listening on http://").or_else(|| line.split_once("listening on https://"))?;
     rest.split(|c: char| c.is_whitespace() || c == '/').next()?.parse().ok()
 }
 
