@@ -155,8 +155,11 @@ struct ServeArgs {
     pool_size: usize,
     /// Bundles each shard keeps in flight at once. Pushes that arrive
     /// meanwhile join the next bundle, so fewer, fuller bundles commit.
-    #[arg(long, env = "STILE_BUNDLES_IN_FLIGHT", default_value_t = WorkerConfig::default().max_in_flight)]
-    bundles_in_flight: usize,
+    /// Default: 1 when PostgreSQL answers within 2 ms at start, else 4 (a
+    /// far database, where a bundle's round trip, not its commit, is the
+    /// wait).
+    #[arg(long, env = "STILE_BUNDLES_IN_FLIGHT")]
+    bundles_in_flight: Option<usize>,
     /// Seconds a push waits for a partition's row lock that another session
     /// holds (PostgreSQL's `lock_timeout` on the shards' connections). Past
     /// it, that partition's pushes answer 503 and go to PostgreSQL on their

@@ -46,8 +46,9 @@ pub struct ServeConfig {
     pub http: HttpConfig,
     /// Connections in the pool of reads, configures and partition lookups.
     pub pool_size: usize,
-    /// Bundles each shard keeps in flight at once.
-    pub bundles_in_flight: usize,
+    /// Bundles each shard keeps in flight at once; `None` chooses by the
+    /// round trip to PostgreSQL at start ([`bundles_in_flight_for`]).
+    pub bundles_in_flight: Option<usize>,
     /// The longest a push waits for a partition's row lock held elsewhere.
     pub lock_timeout: Duration,
     /// Where each shard's worker runs.
@@ -64,6 +65,35 @@ pub struct ServeConfig {
     /// How long requests in flight may take to finish once shutdown starts;
     /// the connections still open then are closed.
     pub shutdown_timeout: Duration,
+}
+
+/// A round trip to PostgreSQL at or under this is near: one bundle in flight
+/// per shard lets the next fill while it commits, and fewer, fuller bundles
+/// cost PostgreSQL less per message.
+const NEAR_ROUND_TRIP: Duration = Duration::from_millis(2);
+
+/// Bundles in flight per shard in front of a far database, where a bundle's
+/// round trip, not its commit, is what a push waits for: with one, a push
+/// that arrives just after a bundle left waits for it to come back, and
+/// then for its own (at 20 ms, 5,276 against 6,425 msg/s at one message per
+/// request × 256 connections; bench/far/RESULTS.md).
+const FAR_BUNDLES_IN_FLIGHT: usize = 4;
+
+/// The bundles in flight per shard when none are configured, for PostgreSQL
+/// `round_trip` away.
+pub fn bundles_in_flight_for(round_trip: Duration) -> usize {
+    if round_trip <= NEAR_ROUND_TRIP { WorkerConfig::default().max_in_flight } else { FAR_BUNDLES_IN_FLIGHT }
+}
+
+/// The shortest of a few round trips to PostgreSQL.
+async fn round_trip(db: &Db) -> anyhow::Result<Duration> {
+    let mut shortest = Duration::MAX;
+    for _ in 0..3 {
+        let asked = Instant::now();
+        db.ping().await.context("reach PostgreSQL")?;
+        shortest = shortest.min(asked.elapsed());
+    }
+    Ok(shortest)
 }
 
 /// How long the shards may take, past the shutdown timeout, to finish the
@@ -100,6 +130,18 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     let cache_config = stile_guest::ShardConfig { budget_bytes, skew_slack_ms: stile_guest::ShardConfig::DEFAULT_SKEW_SLACK_MS };
     // The caches judge age by PostgreSQL's clock, starting from this reading.
     let first = DbReading { db_ms: db.clock_ms().await.context("read PostgreSQL's clock")?, received: Instant::now() };
+    let bundles_in_flight = match config.bundles_in_flight {
+        Some(configured) => configured.max(1),
+        None => {
+            let round_trip = round_trip(&db).await?;
+            let chosen = bundles_in_flight_for(round_trip);
+            tracing::info!(
+                "PostgreSQL is {:.1} ms away (round trip): {chosen} bundles in flight per shard",
+                round_trip.as_secs_f64() * 1000.0
+            );
+            chosen
+        }
+    };
     let mut handles = Vec::with_capacity(shards);
     let mut workers = Vec::with_capacity(shards);
     for id in 0..shards {
@@ -108,7 +150,7 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
         // would otherwise keep every busy partition's entry past it.
         let shard_config = WorkerConfig {
             hydrate: config.cache_mb > 0,
-            max_in_flight: config.bundles_in_flight.max(1),
+            max_in_flight: bundles_in_flight,
             lock_timeout: config.lock_timeout,
             placement: config.shard_placement,
             ..WorkerConfig::default()

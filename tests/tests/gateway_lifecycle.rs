@@ -352,3 +352,30 @@ async fn a_second_sigterm_during_the_shutdown_exits_at_once() {
     assert!(!logs.contains("stile stopped"), "{logs}");
     println!("second SIGTERM to exit: {exited_after:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_database_gets_more_bundles_in_flight_unless_they_are_configured() {
+    let t = fresh_database().await;
+    let near = Gateway::start(&t.url()).await;
+    assert!(near.logs().contains(": 1 bundles in flight per shard"), "{}", near.logs());
+
+    let upstream = stile_tests::proxy::Upstream::of_postgres(&t.config().pg).await.expect("PostgreSQL's address");
+    let proxy = stile_tests::proxy::FaultProxy::start(upstream).await.expect("a proxy");
+    proxy.update(|toxics| toxics.latency = Duration::from_millis(5));
+    let direct = &t.config().pg;
+    let far_url = format!(
+        "host=127.0.0.1 port={} user={} dbname={}",
+        proxy.addr().port(),
+        direct.get_user().unwrap_or("postgres"),
+        direct.get_dbname().expect("a test database's name")
+    );
+    let far = Gateway::start(&far_url).await;
+    assert!(far.logs().contains(": 4 bundles in flight per shard"), "{}", far.logs());
+    let mut client = far.client().await;
+    let answers = client.push(vec![item("far", "p", Some("far-1"), json!(1))]).await;
+    assert_eq!(answers[0].status, "queued");
+
+    let configured = GatewayOptions { extra_args: vec!["--bundles-in-flight".into(), "2".into()], ..GatewayOptions::default() };
+    let chosen = Gateway::start_with(&far_url, &configured).await;
+    assert!(!chosen.logs().contains("bundles in flight per shard"), "a configured value is kept: {}", chosen.logs());
+}

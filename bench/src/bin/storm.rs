@@ -121,6 +121,10 @@ struct Args {
     /// A further setting of the benchmark databases (`ALTER DATABASE ... SET NAME = 'VALUE'`); repeatable.
     #[arg(long = "pg-set", value_name = "NAME=VALUE", value_parser = pg_setting)]
     pg_settings: Vec<(String, String)>,
+    /// A round trip between each gateway and PostgreSQL, in milliseconds, added by a userspace proxy
+    /// (`stile_tests::proxy`, half of it each way) on a thread of its own: a far database.
+    #[arg(long, default_value = "0", value_parser = seconds)]
+    db_rtt_ms: f64,
 }
 
 /// Items per request and connections pushing at once.
@@ -222,8 +226,56 @@ impl Phase {
 struct Build {
     label: String,
     path: PathBuf,
+    /// Flags its gateways are started with, beyond the defaults.
+    flags: Vec<String>,
     db: TestDb,
     pg: tokio_postgres::Client,
+    /// The proxy between its gateways and PostgreSQL, when the database is far.
+    far: Option<FarDatabase>,
+}
+
+/// A delay proxy in front of PostgreSQL, on a runtime of its own so that the
+/// load's generator does not delay what it relays.
+struct FarDatabase {
+    proxy: stile_tests::proxy::FaultProxy,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl FarDatabase {
+    async fn start(db: &TestDb, rtt: Duration) -> FarDatabase {
+        let upstream = stile_tests::proxy::Upstream::of_postgres(&db.config().pg).await.expect("PostgreSQL's address");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("far-database")
+            .enable_all()
+            .build()
+            .expect("the proxy's runtime");
+        let proxy = runtime
+            .spawn(stile_tests::proxy::FaultProxy::start(upstream))
+            .await
+            .expect("the proxy starts")
+            .expect("the proxy listens");
+        proxy.update(|toxics| toxics.latency = rtt / 2);
+        FarDatabase { proxy, runtime: Some(runtime) }
+    }
+}
+
+impl Drop for FarDatabase {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A `--bins` entry: `PATH`, or `PATH@FLAGS` with the gateway's flags after
+/// the `@`, separated by spaces (`target/release/stile@--bundles-in-flight 4`).
+fn bin_and_flags(entry: &std::path::Path) -> (PathBuf, Vec<String>) {
+    let text = entry.to_string_lossy();
+    match text.split_once('@') {
+        Some((path, flags)) => (PathBuf::from(path), flags.split_whitespace().map(str::to_owned).collect()),
+        None => (entry.to_path_buf(), Vec::new()),
+    }
 }
 
 /// A fresh database with the run's settings.
@@ -255,9 +307,18 @@ impl Gateway {
         let application_name = format!("stile-{queue}");
         let mut named = build.db.config().clone();
         named.pg.application_name(&application_name);
-        let url = named.to_url(true);
+        let url = match &build.far {
+            None => named.to_url(true),
+            Some(far) => format!(
+                "host=127.0.0.1 port={} user={} dbname={} application_name={application_name}",
+                far.proxy.addr().port(),
+                named.pg.get_user().unwrap_or("postgres"),
+                build.db.name()
+            ),
+        };
         let mut command = Command::new(&build.path);
         command.args(["serve", "--listen", "127.0.0.1:0", "--database-url", &url]);
+        command.args(&build.flags);
         // Its defaults: none of the STILE_* variables that stand for its flags.
         for (name, _) in std::env::vars_os() {
             if name.to_str().is_some_and(|name| name.starts_with("STILE_") || name == "DATABASE_URL") {
@@ -979,12 +1040,18 @@ async fn run(args: Args) {
     let load_before = load_average();
     let paths = if args.bins.is_empty() { vec![stile_binary()] } else { args.bins.clone() };
     let mut builds = Vec::with_capacity(paths.len());
-    for (k, path) in paths.into_iter().enumerate() {
+    for (k, entry) in paths.into_iter().enumerate() {
+        let (path, flags) = bin_and_flags(&entry);
         assert!(path.is_file(), "no stile binary at {}", path.display());
         let db = database(&args).await;
         let pg = db.client().await;
-        eprintln!("storm: build {} is {}, on database {}", label(k), path.display(), db.name());
-        builds.push(Build { label: label(k), path, db, pg });
+        let far = if args.db_rtt_ms > 0.0 {
+            Some(FarDatabase::start(&db, Duration::from_secs_f64(args.db_rtt_ms / 1000.0)).await)
+        } else {
+            None
+        };
+        eprintln!("storm: build {} is {} {}, on database {}", label(k), path.display(), flags.join(" "), db.name());
+        builds.push(Build { label: label(k), path, flags, db, pg, far });
     }
     let version = server_version(&builds[0].pg).await;
     let mixed_sides = match args.mixed {
@@ -1053,7 +1120,13 @@ fn print(args: &Args, builds: &[Build], results: &Results, version: &str, load_b
     for build in builds {
         let hash = std::fs::read(&build.path)
             .map_or_else(|_| "unreadable".to_owned(), |bytes| format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)));
-        println!("* build {}: `{}` (xxh3 {hash})", build.label, build.path.display());
+        let flags = if build.flags.is_empty() { String::new() } else { format!(" with `{}`", build.flags.join(" ")) };
+        let far = if args.db_rtt_ms > 0.0 {
+            format!(", PostgreSQL {} ms away (round trip, through a userspace proxy)", args.db_rtt_ms)
+        } else {
+            String::new()
+        };
+        println!("* build {}: `{}`{flags} (xxh3 {hash}){far}", build.label, build.path.display());
     }
     println!();
     println!("Reproduce (the source tree, when this ran: {}):", build());
