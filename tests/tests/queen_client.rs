@@ -1,6 +1,6 @@
 //! Queen's Python client (`queen-mq` 2.6.0 from PyPI), unchanged, against a
 //! gateway: `kv.once`, the KV surface, a transaction with `once` and a push,
-//! and timers (`tests/queen/test_queen_client.py`).
+//! and timers (`tests/queen/test_queen_client.py`), over HTTP and over HTTPS.
 //!
 //! The client is installed into `target/queen-venv` on first run (pip, from
 //! `tests/queen/requirements.txt`); `STILE_QUEEN_PYTHON` names an interpreter
@@ -9,7 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use stile_tests::gateway::{Gateway, fresh_database};
+use stile_tests::gateway::{Gateway, GatewayOptions, fresh_database};
+use stile_tests::tls_pki::Authority;
 
 fn python() -> PathBuf {
     if let Some(python) = std::env::var_os("STILE_QUEEN_PYTHON") {
@@ -37,12 +38,46 @@ async fn queens_python_client_drives_once_transactions_and_timers_unchanged() {
     let python = tokio::task::spawn_blocking(python).await.expect("install the client");
     let t = fresh_database().await;
     let gw = Gateway::start(&t.url()).await;
+    run_checks(python, format!("http://{}", gw.addr()), None, &gw).await;
+}
+
+/// The same checks over HTTPS: the client unchanged, trusting the test's
+/// authority through `SSL_CERT_FILE` (httpx reads it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queens_python_client_works_unchanged_over_https() {
+    let python = tokio::task::spawn_blocking(python).await.expect("install the client");
+    let t = fresh_database().await;
+    let authority = Authority::new("stile queen https test authority");
+    let server = authority.server(&["localhost", "127.0.0.1"]);
+    let dir = std::env::temp_dir().join(format!("stile-queen-https-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the certificates");
+    let (ca, cert, key) = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+    for (path, pem) in [(&ca, authority.cert_pem()), (&cert, server.cert_pem), (&key, server.key_pem)] {
+        std::fs::write(path, pem).expect("write a PEM file");
+    }
+    let options = GatewayOptions {
+        extra_args: vec!["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()],
+        ..GatewayOptions::default()
+    };
+    let gw = Gateway::start_with(&t.url(), &options).await;
+    run_checks(python, format!("https://127.0.0.1:{}", gw.addr().port()), Some(ca), &gw).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Runs the client's script against `url`, trusting `ca` when given.
+async fn run_checks(python: PathBuf, url: String, ca: Option<PathBuf>, gw: &Gateway) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("queen/test_queen_client.py");
-    let url = format!("http://{}", gw.addr());
-    let output = tokio::task::spawn_blocking(move || Command::new(&python).arg(&script).arg(&url).output())
-        .await
-        .expect("the client's thread")
-        .expect("run the client");
+    let output = tokio::task::spawn_blocking(move || {
+        let mut command = Command::new(&python);
+        command.arg(&script).arg(&url);
+        if let Some(ca) = ca {
+            command.env("SSL_CERT_FILE", ca);
+        }
+        command.output()
+    })
+    .await
+    .expect("the client's thread")
+    .expect("run the client");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
