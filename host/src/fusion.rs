@@ -82,6 +82,38 @@ impl CoalescedSegment {
         Ok(self.cut_at(&[start, end]))
     }
 
+    /// Takes the requests whose every slot `indexes` names (replays, likely
+    /// all duplicates) out of a segment that also holds others: into the
+    /// slots of the others, in slot order, then a piece per replaying
+    /// request. Concurrent requests promise no order among themselves, and
+    /// each request's slots stay together and in order, so the pieces carry
+    /// the same promises as the whole; the replays can then be judged apart
+    /// from the new messages, which need the partition's lock. Gives the
+    /// segment back whole when no request, or every request, replays.
+    pub fn part_replaying_requests(self, indexes: &[u32]) -> Result<Vec<CoalescedSegment>, CoalescedSegment> {
+        let named = self.named(indexes);
+        let bounds: Vec<usize> = std::iter::once(0).chain(self.request_changes()).chain([self.slots.len()]).collect();
+        let replaying: Vec<bool> = bounds.windows(2).map(|run| named[run[0]..run[1]].iter().all(|&n| n)).collect();
+        if !replaying.contains(&true) || replaying.iter().all(|&r| r) {
+            return Err(self);
+        }
+        let CoalescedSegment { slots, hashes: _ } = self;
+        let mut slots = slots.into_iter();
+        let mut others = Vec::new();
+        let mut replays = Vec::new();
+        for (run, &replay) in bounds.windows(2).zip(&replaying) {
+            let run: Vec<Slot> = slots.by_ref().take(run[1] - run[0]).collect();
+            if replay { replays.push(run) } else { others.extend(run) }
+        }
+        debug_assert!(!others.is_empty() && !replays.is_empty());
+        Ok(std::iter::once(others).chain(replays).map(CoalescedSegment::of_slots).collect())
+    }
+
+    fn of_slots(slots: Vec<Slot>) -> CoalescedSegment {
+        let hashes = slots.iter().flat_map(|slot| slot.message.hash).collect();
+        CoalescedSegment { slots, hashes }
+    }
+
     /// Whether `indexes` names every slot (indexes past the end ignored).
     pub fn all_named(&self, indexes: &[u32]) -> bool {
         self.named(indexes).iter().all(|&n| n)
@@ -265,6 +297,35 @@ mod tests {
             assert_eq!(piece.hashes, hashes, "each piece carries its own slots' hashes");
         }
         assert!(segment_of(3).request_changes().is_empty(), "one request leads every slot");
+    }
+
+    #[test]
+    fn replaying_requests_are_taken_apart_from_the_others_each_in_order() {
+        let mut queue = PartitionQueue::default();
+        queue.add(1, [(0, message("new-1"))]);
+        queue.add(2, [(0, message("old-2"))]);
+        queue.add(3, [(0, message("new-3")), (1, message("old-3"))]);
+        queue.add(4, [(0, message("old-4a")), (1, message("old-4b"))]);
+        queue.add(5, [(0, message("new-5"))]);
+        let segment = queue.take_segment(10);
+        // Named: request 2's slot, request 3's second, request 4's two.
+        let pieces = segment.part_replaying_requests(&[1, 3, 4, 5]).expect("parted");
+        assert_eq!(
+            names(&pieces),
+            vec![vec!["new-1", "new-3", "old-3", "new-5"], vec!["old-2"], vec!["old-4a", "old-4b"]],
+            "a request that replays only in part stays with the new ones, whole and in order"
+        );
+        for piece in &pieces {
+            let hashes: Vec<u8> = piece.slots.iter().flat_map(|s| s.message.hash).collect();
+            assert_eq!(piece.hashes, hashes, "each piece carries its own slots' hashes");
+        }
+        for indexes in [&[][..], &[0, 1, 2, 3, 4, 5, 6], &[2, 9]] {
+            let mut queue = PartitionQueue::default();
+            queue.add(1, [(0, message("a"))]);
+            queue.add(2, [(0, message("b")), (1, message("c"))]);
+            let whole = queue.take_segment(10).part_replaying_requests(indexes).expect_err("no request apart");
+            assert_eq!(names(&[whole]), vec![vec!["a", "b", "c"]], "{indexes:?}");
+        }
     }
 
     #[test]

@@ -651,9 +651,14 @@ impl Worker {
     /// over the whole span. The push function probes a later segment of a
     /// partition against the earlier ones of its bundle, so the cut changes
     /// no verdict, and the pieces keep the messages' order. A segment of
-    /// hits only may be cut per request (see [`Worker::cut_replays`]);
-    /// scattered hits among fresh messages leave the segment whole (one
-    /// probe and one log row, not many small segments).
+    /// hits only may be cut per request (see [`Worker::cut_replays`]). Where
+    /// hits are scattered among fresh messages, the requests that replay
+    /// only are taken apart, a piece each, after the rest
+    /// ([`CoalescedSegment::part_replaying_requests`]): they are judged
+    /// without the partition's lock, and do not hold the fresh messages'
+    /// segment to the locked probe. Hits scattered within requests leave
+    /// the segment whole (one probe and one log row, not many small
+    /// segments).
     ///
     /// The bundle carries its clock floor: the cache judged age by `now`, so
     /// its vouches hold only once PostgreSQL's clock is past `now` less the
@@ -674,11 +679,18 @@ impl Worker {
                         planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, None));
                     }
                 }
-                Err(segment) => {
-                    for (segment, plan) in self.cut_replays(now, partition_id, window_seconds, segment, plan) {
-                        planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, Some(plan)));
+                Err(segment) => match segment.part_replaying_requests(&plan.local_hits) {
+                    Ok(pieces) => {
+                        for segment in pieces {
+                            planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, None));
+                        }
                     }
-                }
+                    Err(segment) => {
+                        for (segment, plan) in self.cut_replays(now, partition_id, window_seconds, segment, plan) {
+                            planned.push((InFlight { partition_id, window_seconds, state, p_verified, segment }, Some(plan)));
+                        }
+                    }
+                },
             }
         }
         let cut: Vec<&InFlight> = planned.iter().filter(|(_, plan)| plan.is_none()).map(|(s, _)| s).collect();
