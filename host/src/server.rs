@@ -165,16 +165,18 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
     let listener = TcpListener::bind(config.listen).await.with_context(|| format!("listen on {}", config.listen))?;
     let local = listener.local_addr()?;
     let scheme = if acceptor.is_some() { "https" } else { "http" };
-    tracing::info!(
-        "stile listening on {scheme}://{local} (database {}, {shards} shards, engine {:?})",
-        db.redacted_url(),
-        config.engine
-    );
+    // Before the line that says the gateway listens: whoever waits for that
+    // line has seen every warning of the start.
     if config.http.bearer_token.is_some() && acceptor.is_none() && !local.ip().is_loopback() {
         tracing::warn!(
             "the bearer token crosses the network in clear: the listener {local} is plain HTTP beyond loopback; give --tls-cert and --tls-key"
         );
     }
+    tracing::info!(
+        "stile listening on {scheme}://{local} (database {}, {shards} shards, engine {:?})",
+        db.redacted_url(),
+        config.engine
+    );
     let purge = tokio::spawn(purge_loop(db.clone(), config.purge_every));
     let kv_purge = tokio::spawn(kv_purge_loop(db.clone(), metrics.clone()));
     let intake = Intake::new(
