@@ -146,6 +146,32 @@ enum Direction {
     Down,
 }
 
+/// `direct`'s database as reached through a proxy at `proxy`: the proxy's
+/// address in place of the hosts, and the same user, database, password,
+/// options, application name and TLS settings (the proxy relays bytes, so
+/// TLS goes through it end to end).
+pub fn proxied(direct: &stile::db::DbConfig, proxy: SocketAddr) -> stile::db::DbConfig {
+    let direct_pg = &direct.pg;
+    let mut pg = tokio_postgres::Config::new();
+    pg.host("127.0.0.1").port(proxy.port());
+    if let Some(user) = direct_pg.get_user() {
+        pg.user(user);
+    }
+    if let Some(dbname) = direct_pg.get_dbname() {
+        pg.dbname(dbname);
+    }
+    if let Some(password) = direct_pg.get_password() {
+        pg.password(password);
+    }
+    if let Some(options) = direct_pg.get_options() {
+        pg.options(options);
+    }
+    if let Some(application_name) = direct_pg.get_application_name() {
+        pg.application_name(application_name);
+    }
+    stile::db::DbConfig { pg, tls: direct.tls.clone() }
+}
+
 impl FaultProxy {
     /// Listens on a free port of `127.0.0.1` and relays to `upstream`.
     pub async fn start(upstream: Upstream) -> std::io::Result<FaultProxy> {

@@ -70,6 +70,45 @@ impl Authority {
     }
 }
 
+/// A server certificate, its key and its authority's certificate, written
+/// as PEM files in a directory of their own, which is removed when dropped:
+/// what a gateway's `--tls-cert` and `--tls-key`, and a client's root file,
+/// name.
+#[derive(Debug)]
+pub struct ServerFiles {
+    pub issued: Issued,
+    pub dir: PathBuf,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl ServerFiles {
+    /// A server certificate for `names` from `authority`, written under a
+    /// fresh directory named after `label`.
+    pub fn write(authority: &Authority, label: &str, names: &[&str]) -> ServerFiles {
+        let issued = authority.server(names);
+        let dir = std::env::temp_dir().join(format!("stile-{label}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("make the certificates' directory");
+        let (ca, cert, key) = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+        for (path, pem) in [(&ca, authority.cert_pem()), (&cert, issued.cert_pem.clone()), (&key, issued.key_pem.clone())] {
+            std::fs::write(path, pem).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        }
+        ServerFiles { issued, dir, ca, cert, key }
+    }
+
+    /// The gateway's flags that serve HTTPS with these files.
+    pub fn gateway_args(&self) -> Vec<String> {
+        vec!["--tls-cert".into(), self.cert.display().to_string(), "--tls-key".into(), self.key.display().to_string()]
+    }
+}
+
+impl Drop for ServerFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The database of a [`TlsServer`] whose connections over TLS must present
 /// a client certificate for their user.
 pub const CERT_DATABASE: &str = "stile_cert";

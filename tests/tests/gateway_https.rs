@@ -19,7 +19,7 @@ use rustls::pki_types::ServerName;
 use rustls::pki_types::pem::PemObject as _;
 use serde_json::{Value, json};
 use stile_tests::gateway::{Answer, Gateway, GatewayOptions, fresh_database, item};
-use stile_tests::tls_pki::{Authority, Issued};
+use stile_tests::tls_pki::{Authority, ServerFiles};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -29,31 +29,26 @@ use tokio_rustls::client::TlsStream;
 /// where the gateway can read them.
 struct Pki {
     authority: Authority,
-    server: Issued,
-    dir: PathBuf,
+    files: ServerFiles,
 }
 
 impl Pki {
     fn new(test: &str) -> Pki {
         let authority = Authority::new("stile https test authority");
-        let server = authority.server(&["localhost", "127.0.0.1"]);
-        let dir = std::env::temp_dir().join(format!("stile-https-{test}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("make the certificates' directory");
-        std::fs::write(dir.join("cert.pem"), &server.cert_pem).expect("write the certificate");
-        std::fs::write(dir.join("key.pem"), &server.key_pem).expect("write the key");
-        Pki { authority, server, dir }
+        let files = ServerFiles::write(&authority, &format!("https-{test}"), &["localhost", "127.0.0.1"]);
+        Pki { authority, files }
     }
 
     fn cert(&self) -> PathBuf {
-        self.dir.join("cert.pem")
+        self.files.cert.clone()
     }
 
     fn key(&self) -> PathBuf {
-        self.dir.join("key.pem")
+        self.files.key.clone()
     }
 
     fn options(&self) -> GatewayOptions {
-        GatewayOptions { extra_args: tls_args(&self.cert(), &self.key()), ..GatewayOptions::default() }
+        GatewayOptions { extra_args: self.files.gateway_args(), ..GatewayOptions::default() }
     }
 
     /// A client that trusts this authority only, offering `alpn`.
@@ -75,12 +70,6 @@ impl Pki {
         let tcp = TcpStream::connect(addr).await.expect("connect to the gateway");
         let name = ServerName::try_from("localhost").expect("a server name");
         self.connector(alpn).connect(name, tcp).await.expect("the TLS handshake")
-    }
-}
-
-impl Drop for Pki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -171,7 +160,7 @@ async fn https_serves_http2_and_http11_as_alpn_chooses_with_the_same_verdicts() 
     let mut reply = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut reply)).await.expect("the gateway closes it");
     assert!(!String::from_utf8_lossy(&reply).contains("200 OK"), "no plain answer on the TLS listener");
-    assert!(!gw.logs().contains(pki.server.key_pem.lines().nth(1).expect("a key line")), "the key is never printed");
+    assert!(!gw.logs().contains(pki.files.issued.key_pem.lines().nth(1).expect("a key line")), "the key is never printed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +264,7 @@ async fn shutdown_ends_http2_streams_whose_bodies_never_arrive() {
 async fn files_that_cannot_serve_stop_the_gateway_naming_them_and_never_the_key() {
     let t = fresh_database().await;
     let pki = Pki::new("refused");
-    let missing = pki.dir.join("absent.pem");
+    let missing = pki.files.dir.join("absent.pem");
     let refused =
         Gateway::refused(&t.url(), &GatewayOptions { extra_args: tls_args(&missing, &pki.key()), ..GatewayOptions::default() })
             .await;
@@ -283,7 +272,7 @@ async fn files_that_cannot_serve_stop_the_gateway_naming_them_and_never_the_key(
     assert!(refused.stderr.contains("--tls-cert") && refused.stderr.contains("absent.pem"), "{}", refused.stderr);
 
     let other = pki.authority.server(&["localhost"]);
-    let wrong_key = pki.dir.join("other-key.pem");
+    let wrong_key = pki.files.dir.join("other-key.pem");
     std::fs::write(&wrong_key, &other.key_pem).unwrap();
     let refused = Gateway::refused(
         &t.url(),

@@ -362,13 +362,7 @@ async fn a_far_database_gets_more_bundles_in_flight_unless_they_are_configured()
     let upstream = stile_tests::proxy::Upstream::of_postgres(&t.config().pg).await.expect("PostgreSQL's address");
     let proxy = stile_tests::proxy::FaultProxy::start(upstream).await.expect("a proxy");
     proxy.update(|toxics| toxics.latency = Duration::from_millis(5));
-    let direct = &t.config().pg;
-    let far_url = format!(
-        "host=127.0.0.1 port={} user={} dbname={}",
-        proxy.addr().port(),
-        direct.get_user().unwrap_or("postgres"),
-        direct.get_dbname().expect("a test database's name")
-    );
+    let far_url = stile_tests::proxy::proxied(t.config(), proxy.addr()).to_url(true);
     let far = Gateway::start(&far_url).await;
     assert!(far.logs().contains(": 4 bundles in flight per shard"), "{}", far.logs());
     let mut client = far.client().await;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use stile_tests::gateway::{Gateway, GatewayOptions, fresh_database};
-use stile_tests::tls_pki::Authority;
+use stile_tests::tls_pki::{Authority, ServerFiles};
 
 fn python() -> PathBuf {
     if let Some(python) = std::env::var_os("STILE_QUEEN_PYTHON") {
@@ -47,21 +47,11 @@ async fn queens_python_client_drives_once_transactions_and_timers_unchanged() {
 async fn queens_python_client_works_unchanged_over_https() {
     let python = tokio::task::spawn_blocking(python).await.expect("install the client");
     let t = fresh_database().await;
-    let authority = Authority::new("stile queen https test authority");
-    let server = authority.server(&["localhost", "127.0.0.1"]);
-    let dir = std::env::temp_dir().join(format!("stile-queen-https-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a directory for the certificates");
-    let (ca, cert, key) = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
-    for (path, pem) in [(&ca, authority.cert_pem()), (&cert, server.cert_pem), (&key, server.key_pem)] {
-        std::fs::write(path, pem).expect("write a PEM file");
-    }
-    let options = GatewayOptions {
-        extra_args: vec!["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()],
-        ..GatewayOptions::default()
-    };
-    let gw = Gateway::start_with(&t.url(), &options).await;
-    run_checks(python, format!("https://127.0.0.1:{}", gw.addr().port()), Some(ca), &gw).await;
-    let _ = std::fs::remove_dir_all(dir);
+    let files =
+        ServerFiles::write(&Authority::new("stile queen https test authority"), "queen-https", &["localhost", "127.0.0.1"]);
+    let gw =
+        Gateway::start_with(&t.url(), &GatewayOptions { extra_args: files.gateway_args(), ..GatewayOptions::default() }).await;
+    run_checks(python, format!("https://127.0.0.1:{}", gw.addr().port()), Some(files.ca.clone()), &gw).await;
 }
 
 /// Runs the client's script against `url`, trusting `ca` when given.

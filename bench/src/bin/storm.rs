@@ -309,12 +309,7 @@ impl Gateway {
         named.pg.application_name(&application_name);
         let url = match &build.far {
             None => named.to_url(true),
-            Some(far) => format!(
-                "host=127.0.0.1 port={} user={} dbname={} application_name={application_name}",
-                far.proxy.addr().port(),
-                named.pg.get_user().unwrap_or("postgres"),
-                build.db.name()
-            ),
+            Some(far) => stile_tests::proxy::proxied(&named, far.proxy.addr()).to_url(true),
         };
         let mut command = Command::new(&build.path);
         command.args(["serve", "--listen", "127.0.0.1:0", "--database-url", &url]);

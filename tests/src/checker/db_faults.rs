@@ -198,22 +198,7 @@ impl DbRig {
     /// there is one (with the same TLS settings: the proxy relays bytes).
     pub(super) fn gateway_url(&self) -> anyhow::Result<String> {
         let Some(proxy) = &self.proxy else { return Ok(self.direct_url.clone()) };
-        let DbConfig { pg: direct, tls } = db_config(&self.direct_url)?;
-        let mut proxied = tokio_postgres::Config::new();
-        proxied.host("127.0.0.1").port(proxy.addr().port());
-        if let Some(user) = direct.get_user() {
-            proxied.user(user);
-        }
-        if let Some(dbname) = direct.get_dbname() {
-            proxied.dbname(dbname);
-        }
-        if let Some(password) = direct.get_password() {
-            proxied.password(password);
-        }
-        if let Some(options) = direct.get_options() {
-            proxied.options(options);
-        }
-        Ok(DbConfig { pg: proxied, tls }.to_url(true))
+        Ok(crate::proxy::proxied(&db_config(&self.direct_url)?, proxy.addr()).to_url(true))
     }
 
     /// A describing line for the report's summary.
