@@ -8,11 +8,19 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use stile_tests::gateway::{Gateway, GatewayOptions, fresh_database};
 use stile_tests::tls_pki::{Authority, ServerFiles};
 
+/// The interpreter that has the client, installed once per test binary: the
+/// tests run at once, and two `venv`s or `pip`s into one folder collide.
 fn python() -> PathBuf {
+    static INSTALLED: OnceLock<PathBuf> = OnceLock::new();
+    INSTALLED.get_or_init(install).clone()
+}
+
+fn install() -> PathBuf {
     if let Some(python) = std::env::var_os("STILE_QUEEN_PYTHON") {
         return PathBuf::from(python);
     }
