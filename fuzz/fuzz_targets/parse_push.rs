@@ -3,8 +3,8 @@
 //! of 1 to 255 bytes without control characters; a transactionId, when
 //! given, of 1 to 65,535 bytes.
 //!
-//! The parser is `host/src/push_body.rs` (with `host/src/api.rs`,
-//! `host/src/payload.rs` and `host/src/push_stepwise.rs`, which names its
+//! The parser is `host/src/push/body.rs` (with `host/src/api.rs`,
+//! `host/src/payload.rs` and `host/src/push/stepwise.rs`, which names its
 //! refusals), compiled here as modules of their own (they depend on serde,
 //! serde_json, bytes, bytestring, unicode-normalization and thiserror only),
 //! so that the instrumented build
@@ -26,12 +26,19 @@ mod api;
 #[allow(dead_code, clippy::all)]
 #[path = "../../host/src/payload.rs"]
 mod payload;
-#[allow(dead_code, clippy::all)]
-#[path = "../../host/src/push_body.rs"]
-mod push_body;
-#[allow(dead_code, clippy::all)]
-#[path = "../../host/src/push_stepwise.rs"]
-mod push_stepwise;
+/// `host/src/push/`'s readers and item; the paths are relative to
+/// `fuzz_targets/push/`, as an inline module's are.
+mod push {
+    #[allow(dead_code, clippy::all)]
+    #[path = "../../../host/src/push/body.rs"]
+    pub mod body;
+    #[allow(dead_code, clippy::all)]
+    #[path = "../../../host/src/push/item.rs"]
+    pub mod item;
+    #[allow(dead_code, clippy::all)]
+    #[path = "../../../host/src/push/stepwise.rs"]
+    pub mod stepwise;
+}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, body)) = data.split_first() else { return };
@@ -52,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
         body
     };
     let body = &bytes::Bytes::copy_from_slice(body);
-    match api::parse_push(body, max_items) {
+    match push::body::parse_push(body, max_items) {
         Ok(items) => {
             assert!(!items.is_empty() && items.len() <= max_items, "{} items accepted with max_items {max_items}", items.len());
             for item in &items {

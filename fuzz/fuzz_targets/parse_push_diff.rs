@@ -1,5 +1,5 @@
-//! The one-pass push-body reader (`host/src/push_body.rs`) against the
-//! stepwise serde_json reading it replaced (`host/src/push_stepwise.rs`), on
+//! The one-pass push-body reader (`host/src/push/body.rs`) against the
+//! stepwise serde_json reading it replaced (`host/src/push/stepwise.rs`), on
 //! the same bytes: the same verdict, the same items (names, ids and payload
 //! texts), and the gateway's entry point answering exactly as the stepwise
 //! reading does, refusals' messages included.
@@ -25,12 +25,19 @@ mod api;
 #[allow(dead_code, clippy::all)]
 #[path = "../../host/src/payload.rs"]
 mod payload;
-#[allow(dead_code, clippy::all)]
-#[path = "../../host/src/push_body.rs"]
-mod push_body;
-#[allow(dead_code, clippy::all)]
-#[path = "../../host/src/push_stepwise.rs"]
-mod push_stepwise;
+/// `host/src/push/`'s readers and item; the paths are relative to
+/// `fuzz_targets/push/`, as an inline module's are.
+mod push {
+    #[allow(dead_code, clippy::all)]
+    #[path = "../../../host/src/push/body.rs"]
+    pub mod body;
+    #[allow(dead_code, clippy::all)]
+    #[path = "../../../host/src/push/item.rs"]
+    pub mod item;
+    #[allow(dead_code, clippy::all)]
+    #[path = "../../../host/src/push/stepwise.rs"]
+    pub mod stepwise;
+}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, body)) = data.split_first() else { return };
@@ -56,10 +63,10 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn push(body: &Bytes, max_items: usize) {
-    let stepwise = push_stepwise::parse_push(body, max_items);
-    let one_pass = ByteString::try_from(body.clone()).ok().and_then(|text| push_body::read_push(&text, max_items));
+    let stepwise = push::stepwise::parse_push(body, max_items);
+    let one_pass = ByteString::try_from(body.clone()).ok().and_then(|text| push::body::read_push(&text, max_items));
     same(&stepwise, one_pass.as_deref());
-    assert_eq!(push_body::parse_push(body, max_items), stepwise);
+    assert_eq!(push::body::parse_push(body, max_items), stepwise);
 }
 
 /// A transaction's items: an array inside a body serde_json has captured.
@@ -69,13 +76,13 @@ fn items(body: &Bytes, max_items: usize) {
     if !raw.get().starts_with('[') {
         return;
     }
-    let stepwise = push_stepwise::parse_items("operations[0].", raw, max_items);
-    let one_pass = push_body::read_items(&text, raw, max_items);
+    let stepwise = push::stepwise::parse_items("operations[0].", raw, max_items);
+    let one_pass = push::body::read_items(&text, raw, max_items);
     same(&stepwise, one_pass.as_deref());
-    assert_eq!(push_body::parse_items("operations[0].", &text, raw, max_items), stepwise);
+    assert_eq!(push::body::parse_items("operations[0].", &text, raw, max_items), stepwise);
 }
 
-fn same(stepwise: &Result<Vec<push_body::PushItem>, api::BadRequest>, one_pass: Option<&[push_body::PushItem]>) {
+fn same(stepwise: &Result<Vec<push::item::PushItem>, api::BadRequest>, one_pass: Option<&[push::item::PushItem]>) {
     match (stepwise, one_pass) {
         (Ok(expected), Some(found)) => assert_eq!(expected.as_slice(), found),
         (Err(_), None) => {}

@@ -14,9 +14,9 @@ use deadpool_postgres::GenericClient;
 use foldhash::{HashMap, HashMapExt as _};
 use futures::future::try_join_all;
 use stile_guest::OwnedCommit;
+use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::api::PushItem;
 use crate::db::{
     ClockFloor, Db, DbError, MessageOutcome, PartitionMeta, PartitionName, SegmentPush, push_on, resolve_partitions_on,
 };
@@ -24,11 +24,29 @@ use crate::fusion::Message;
 use crate::hash::txn_hash;
 use crate::message_id;
 use crate::metrics::Metrics;
+use crate::push::item::PushItem;
 pub use crate::shard::PushFailure;
 use crate::shard::{METADATA_TTL, Outcome, PartitionPushRequest, ShardHandle, VouchRequest};
 
 /// Most memoised partitions (see [`PartitionMemo`]).
 const METADATA_CAP: usize = 100_000;
+
+/// Wakes this gateway's timer firer, so that a timer scheduled through this
+/// gateway and due now fires without waiting for the firer's sleep.
+#[derive(Debug, Default)]
+pub struct FirerWake(Notify);
+
+impl FirerWake {
+    /// Wakes the firer, now or at its next wait.
+    pub fn wake(&self) {
+        self.0.notify_one();
+    }
+
+    /// Returns when woken.
+    pub async fn woken(&self) {
+        self.0.notified().await;
+    }
+}
 
 /// One item's answer, in request order.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use stile::cache::EngineKind;
-use stile::conn::ConnectionLimits;
 use stile::http::HttpConfig;
+use stile::http::conn::ConnectionLimits;
 use stile::server::tls::ListenerTls;
 use stile::server::{RUNTIME_GRACE, ServeConfig, serve};
 use stile::shard::{ShardPlacement, WorkerConfig};
@@ -212,7 +212,7 @@ fn main() -> std::process::ExitCode {
             max_items: args.max_items,
             bearer_token: args.bearer_token,
             cors_origins: args.cors_origins.into_iter().map(|o| o.trim().to_owned()).filter(|o| !o.is_empty()).collect(),
-            allowed_hosts: stile::allowed_hosts::AllowedHosts::new(args.allowed_hosts),
+            allowed_hosts: stile::http::allowed_hosts::AllowedHosts::new(args.allowed_hosts),
             answer_limit: args.answer_limit,
             limits: ConnectionLimits {
                 idle: seconds("--idle-timeout", args.idle_timeout),

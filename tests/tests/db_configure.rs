@@ -1,7 +1,8 @@
 //! Configure: creation from defaults, merge, null, replace, refusals.
 
 use serde_json::{Map, Value, json};
-use stile::db::{ClockFloor, ConfigureError, ConfigureMode};
+use stile::configure::{ConfigureError, ConfigureMode};
+use stile::db::ClockFloor;
 use stile_tests::pg::{TestDb, segment};
 
 fn defaults() -> Value {

@@ -4,10 +4,10 @@
 use serde_json::{Map, json};
 use std::time::Duration;
 
-use stile::db::{
-    ClockFloor, ConfigureMode, Db, DbError, Duplicate, MessageOutcome, OwnPool, PageBound, ProbeMode, SegmentOutcome, SegmentPush,
-};
+use stile::configure::ConfigureMode;
+use stile::db::{ClockFloor, Db, DbError, Duplicate, MessageOutcome, OwnPool, ProbeMode, SegmentOutcome, SegmentPush};
 use stile::payload::Payload;
+use stile::reads::PageBound;
 use stile_tests::pg::{PartitionState, TestDb, partition_state, segment};
 use tokio_postgres::types::Json;
 

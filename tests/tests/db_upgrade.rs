@@ -7,8 +7,10 @@
 use std::collections::HashMap;
 
 use serde_json::json;
-use stile::db::{ClockFloor, ConfigureMode, Duplicate, MIGRATIONS, PageBound, ProbeMode, SegmentPush};
+use stile::configure::ConfigureMode;
+use stile::db::{ClockFloor, Duplicate, MIGRATIONS, ProbeMode, SegmentPush};
 use stile::payload::Payload;
+use stile::reads::PageBound;
 use stile_tests::pg::{TestDb, segment};
 use tokio_postgres::types::Json;
 

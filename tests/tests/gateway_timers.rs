@@ -378,7 +378,7 @@ async fn a_transaction_waits_for_a_fire_without_holding_its_partition() {
 #[tokio::test]
 async fn the_next_due_time_is_none_without_timers_and_the_earliest_with_them() {
     let t = TestDb::new().await;
-    assert_eq!(stile::db::timers::next_due(&t.db, &[]).await.unwrap(), None);
+    assert_eq!(stile::timers::next_due(&t.db, &[]).await.unwrap(), None);
     let c = t.client().await;
     for (key, delay_ms) in [("late", 3_600_000_i64), ("soon", 600_000)] {
         c.execute(
@@ -390,10 +390,10 @@ async fn the_next_due_time_is_none_without_timers_and_the_earliest_with_them() {
         .await
         .unwrap();
     }
-    let due = stile::db::timers::next_due(&t.db, &[]).await.unwrap().expect("two timers pending");
+    let due = stile::timers::next_due(&t.db, &[]).await.unwrap().expect("two timers pending");
     assert!(due > Duration::from_secs(590) && due <= Duration::from_secs(600), "{due:?}");
     c.execute("DELETE FROM stile.timers WHERE timer_key = 'soon'", &[]).await.unwrap();
-    let due = stile::db::timers::next_due(&t.db, &[]).await.unwrap().expect("one timer pending");
+    let due = stile::timers::next_due(&t.db, &[]).await.unwrap().expect("one timer pending");
     assert!(due > Duration::from_secs(3_590), "{due:?}");
 }
 

@@ -294,7 +294,9 @@ async fn prepare(t: &TestDb, args: &Args) -> i64 {
     if args.configs.contains(&Config::Off) {
         let mut options = serde_json::Map::new();
         options.insert("dedupWindowSeconds".into(), json!(0));
-        t.db.configure(Config::Off.queue(), &options, stile::db::ConfigureMode::Merge).await.expect("configure the window");
+        t.db.configure(Config::Off.queue(), &options, stile::configure::ConfigureMode::Merge)
+            .await
+            .expect("configure the window");
     }
     // Every table of the schema, whichever layout the gateway under test made.
     let tables = c

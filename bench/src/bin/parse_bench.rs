@@ -96,12 +96,12 @@ const MAX_ITEMS: usize = 10_000;
 fn candidates() -> Vec<Candidate> {
     vec![
         Candidate {
-            name: "stile::api::parse_push (one pass)",
-            read: |body| stile::api::parse_push(body, MAX_ITEMS).expect("valid").len(),
+            name: "stile::push::parse_push (one pass)",
+            read: |body| stile::push::parse_push(body, MAX_ITEMS).expect("valid").len(),
         },
         Candidate {
-            name: "stile::push_stepwise::parse_push",
-            read: |body| stile::push_stepwise::parse_push(body, MAX_ITEMS).expect("valid").len(),
+            name: "stile::push::stepwise::parse_push",
+            read: |body| stile::push::stepwise::parse_push(body, MAX_ITEMS).expect("valid").len(),
         },
         Candidate {
             name: "serde_json IgnoredAny",
@@ -172,7 +172,7 @@ impl PathAllocations {
 }
 
 fn request_path_allocations(body: &Bytes) -> PathAllocations {
-    let (parse, items) = allocations_during(|| stile::api::parse_push(body, MAX_ITEMS).expect("valid"));
+    let (parse, items) = allocations_during(|| stile::push::parse_push(body, MAX_ITEMS).expect("valid"));
     let count = items.len();
     // The messages a shard receives, made outside the count (the plan made
     // them once already, and keeps them to itself).
@@ -193,7 +193,7 @@ fn request_path_allocations(body: &Bytes) -> PathAllocations {
     let outcomes: Vec<Option<Outcome>> =
         (0..count).map(|offset| Some(Outcome::Queued { message_id: Uuid::now_v7(), offset: offset as i64 })).collect();
     let (answers, results) = allocations_during(|| plan_made.answer(&outcomes));
-    let (body, rendered) = allocations_during(|| stile::push_answer::render(&results));
+    let (body, rendered) = allocations_during(|| stile::push::answer::render(&results));
     drop((results, rendered));
     PathAllocations { parse, plan, queue, answers, body }
 }
@@ -228,7 +228,7 @@ fn main() {
             println!("| {} | {mb_s:.0} | {ns_per_item:.0} | {lo:.0}-{hi:.0} |", candidate.name);
         }
         let path = request_path_allocations(&bodies[0]);
-        let (stepwise, _) = allocations_during(|| stile::push_stepwise::parse_push(&bodies[0], MAX_ITEMS).expect("valid"));
+        let (stepwise, _) = allocations_during(|| stile::push::stepwise::parse_push(&bodies[0], MAX_ITEMS).expect("valid"));
         let per = |n: u64| n as f64 / size as f64;
         println!();
         println!("allocations per item of the stepwise reading: {:.2}", per(stepwise));

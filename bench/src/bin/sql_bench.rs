@@ -40,7 +40,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use serde_json::{Value, json};
-use stile::db::{ClockFloor, ConfigureMode, Db, ProbeMode, SegmentOutcome, SegmentPush};
+use stile::configure::ConfigureMode;
+use stile::db::{ClockFloor, Db, ProbeMode, SegmentOutcome, SegmentPush};
 use stile::payload::Payload;
 use stile_bench::{Switch, count, load_average, machine, median, run_to_end, seconds, server_version};
 use stile_tests::cpu::cpu_seconds;

@@ -12,7 +12,7 @@
 -- the operation that crossed it, before more is read: a getMany or getPrefix
 -- stops reading its rows as soon as they pass what is left.
 --
--- Operations arrive validated and normalised by the gateway (host/src/kv.rs):
+-- Operations arrive validated and normalised by the gateway (host/src/kv/):
 -- "op" is one of get, getMany, getPrefix, check, put, putIfAbsent, delete,
 -- incr; "ttl" is seconds or null for forever; "expect" is null, 0 (must not
 -- exist) or a version. Every verdict is computed on the key's row under its

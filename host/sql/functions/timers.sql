@@ -36,14 +36,14 @@ $$;
 
 -- Applies timer operations in the caller's transaction; answers one result per
 -- operation, in the operations' order. Operations arrive validated and
--- normalised by the gateway (host/src/timers.rs): schedule and reschedule (one
+-- normalised by the gateway (host/src/timers/): schedule and reschedule (one
 -- upsert on queue and key, with the message id the gateway minted), and cancel.
 --
 -- They are applied in the order of their queue and key (a key's own in their
 -- order), so that every caller takes timer rows in one order: two calls naming
 -- the same keys in other orders wait for each other instead of deadlocking.
 -- The firer takes timer rows before partition rows and skips those held, so
--- callers that also push take their timer rows first (host/src/transaction.rs).
+-- callers that also push take their timer rows first (host/src/transaction/mod.rs).
 CREATE OR REPLACE FUNCTION stile.timers_apply(p_ops jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql

@@ -47,6 +47,10 @@ pub enum DbError {
     Protocol(String),
 }
 
+/// The SQLSTATE under which a read's SQL (`stile.kv_apply`, the timers'
+/// page) refuses an answer past the bound it was given.
+pub const ANSWER_TOO_LARGE: &str = "SK002";
+
 impl DbError {
     /// True when the database is unreachable or aborted the transaction for a
     /// transient reason: answer 503, and retrying is safe.
@@ -58,6 +62,12 @@ impl DbError {
     /// row or a table the statement needed.
     pub fn is_lock_timeout(&self) -> bool {
         matches!(self, DbError::LockTimeout(_))
+    }
+
+    /// True when a read's answer would pass the bound its call was given:
+    /// the SQL raised [`ANSWER_TOO_LARGE`].
+    pub fn is_answer_too_large(&self) -> bool {
+        self.sqlstate() == Some(ANSWER_TOO_LARGE)
     }
 
     /// The SQLSTATE of a PostgreSQL error, if any.
@@ -151,35 +161,6 @@ impl From<deadpool_postgres::PoolError> for DbError {
             PoolError::NoRuntimeSpecified => DbError::Config("the connection pool has no runtime".into()),
             PoolError::PostCreateHook(e) => DbError::Unavailable(e.to_string()),
         }
-    }
-}
-
-/// An error of [`Db::configure`](super::Db::configure).
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigureError {
-    /// A refused key or value; nothing was written. The message starts with
-    /// the offending key (`options` when the options are not an object,
-    /// `queue` for a bad queue name): `"dedupWindowSeconds: must not be
-    /// negative, got -1"`.
-    #[error("{0}")]
-    Invalid(String),
-    /// The database failed.
-    #[error(transparent)]
-    Db(#[from] DbError),
-}
-
-impl ConfigureError {
-    pub(crate) fn from_pg(e: tokio_postgres::Error) -> Self {
-        if let Some(db) = e.as_db_error() {
-            if *db.code() == SqlState::INVALID_PARAMETER_VALUE {
-                // stile.check_option's messages start with the key.
-                return ConfigureError::Invalid(db.message().to_string());
-            }
-            if *db.code() == SqlState::CHECK_VIOLATION && db.constraint().is_some_and(|c| c.starts_with("queues_name")) {
-                return ConfigureError::Invalid("queue: a queue name is 1 to 255 bytes without control characters".into());
-            }
-        }
-        ConfigureError::Db(DbError::from(e))
     }
 }
 

@@ -7,10 +7,8 @@
 //! call.
 
 mod error;
-pub mod kv;
 mod migrate;
 mod packed;
-pub mod timers;
 mod tls;
 mod url;
 
@@ -18,14 +16,11 @@ use std::time::Duration;
 
 use bytestring::ByteString;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use serde_json::Value;
-use serde_json::value::RawValue;
 use stile_guest::OwnedRow;
-use tokio_postgres::types::Json;
 use uuid::Uuid;
 
 use crate::payload::Payload;
-pub use error::{ConfigureError, DbError};
+pub use error::{ANSWER_TOO_LARGE, DbError};
 pub use migrate::{MIGRATIONS, Migration};
 use packed::{JsonStrings, JsonTexts, PackedFloors, PackedIds};
 pub use tls::{Connected, RootCert, SslMode, TlsConnector, TlsSettings};
@@ -234,52 +229,6 @@ pub enum MessageOutcome {
     Duplicate(Duplicate),
 }
 
-/// How [`Db::configure`] treats the options a call leaves out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ConfigureMode {
-    /// Omitted options keep their stored values.
-    #[default]
-    Merge,
-    /// Omitted options are reset to their defaults.
-    Replace,
-}
-
-/// How much one read of messages may return.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PageBound {
-    /// The most messages.
-    pub messages: i64,
-    /// The most bytes of answer, as [`StoredMessage::answer_bytes`] counts
-    /// them; the page ends before the message that would cross it.
-    pub bytes: usize,
-}
-
-/// A page of a partition's messages, in offset order.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct MessagePage {
-    pub messages: Vec<StoredMessage>,
-    /// The page ended early, at its bound of bytes: more messages may follow
-    /// the last one.
-    pub truncated: bool,
-}
-
-/// A stored message.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredMessage {
-    /// Its offset in the partition.
-    pub offset: i64,
-    /// Its message id.
-    pub message_id: Uuid,
-    /// Its transactionId.
-    pub transaction_id: String,
-    /// Its payload, as sent.
-    pub payload: Payload,
-    /// When its segment was committed (database clock), in ms since the
-    /// epoch, rounded up like the `created_ms` of a committed segment.
-    pub created_ms: i64,
-}
-
 /// A partition's recent log rows' hashes and its watermarks, read in one
 /// snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -439,117 +388,6 @@ impl Db {
         push_on(&client, clock_floor, segments).await
     }
 
-    /// Configures a queue (creating it from defaults if needed) and returns
-    /// its stored options, camelCase: `dedupWindowSeconds`,
-    /// `retentionSeconds` and Queen's `leaseTime`, `retryLimit`, `priority`,
-    /// `delayedProcessing`, `windowBuffer`, `maxSize`,
-    /// `completedRetentionSeconds`, `encryptionEnabled`, `namespace`, `task`.
-    /// An explicit `null` restores a key's default; [`ConfigureMode::Replace`]
-    /// resets every omitted key. An unknown key or a bad value is refused,
-    /// naming the key, and nothing is written.
-    pub async fn configure(
-        &self,
-        queue: &str,
-        options: &serde_json::Map<String, Value>,
-        mode: ConfigureMode,
-    ) -> Result<Value, ConfigureError> {
-        let client = self.pool.get().await.map_err(DbError::from)?;
-        let stmt = client.prepare_cached("SELECT stile.configure($1, $2, $3) AS options").await.map_err(DbError::from)?;
-        let replace = mode == ConfigureMode::Replace;
-        let row = client.query_one(&stmt, &[&queue, &Json(options), &replace]).await.map_err(ConfigureError::from_pg)?;
-        let Json(v): Json<Value> = row.try_get("options").map_err(DbError::from)?;
-        Ok(v)
-    }
-
-    /// A queue's stored options, or `None` if the queue does not exist.
-    pub async fn queue_options(&self, queue: &str) -> Result<Option<Value>, DbError> {
-        let client = self.pool.get().await?;
-        let stmt = client.prepare_cached("SELECT stile.queue_options_of($1)").await?;
-        let options: Option<Json<Value>> = client.query_one(&stmt, &[&queue]).await?.try_get(0)?;
-        Ok(options.map(|Json(options)| options))
-    }
-
-    /// Up to `bound.messages` messages of a partition from `from_offset` on,
-    /// in offset order (none for an unknown partition), ending before the
-    /// message that would take the page past `bound.bytes`. PostgreSQL stops
-    /// reading there too (`stile.read_messages`), and says where it stopped
-    /// with a last row without its payload: a page is never built past its
-    /// bound, on either side.
-    pub async fn read_messages(
-        &self,
-        queue: &str,
-        partition: &str,
-        from_offset: i64,
-        bound: PageBound,
-    ) -> Result<MessagePage, DbError> {
-        let limit = i32::try_from(bound.messages.max(0)).unwrap_or(i32::MAX);
-        let max_bytes = i64::try_from(bound.bytes).unwrap_or(i64::MAX);
-        let client = self.pool.get().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT \"offset\", message_id, transaction_id, payload, created_ms, answer_bytes \
-                 FROM stile.read_messages($1, $2, $3, $4, $5)",
-            )
-            .await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [&queue, &partition, &from_offset, &limit, &max_bytes];
-        let rows = client.query_raw(&stmt, params).await?;
-        futures::pin_mut!(rows);
-        let mut page = MessagePage::default();
-        let mut bytes = 0usize;
-        while let Some(row) = futures::StreamExt::next(&mut rows).await {
-            let row = row?;
-            // The bound is checked here as well, by this build's count: a
-            // function of another build sharing the database during an
-            // upgrade may count otherwise.
-            let crossing = match row.try_get::<_, Option<Json<Box<RawValue>>>>("payload")? {
-                Some(Json(payload)) => {
-                    let message = message_with(&row, payload)?;
-                    bytes += message.answer_bytes();
-                    if bytes <= bound.bytes {
-                        page.messages.push(message);
-                        continue;
-                    }
-                    (message.offset, message.answer_bytes())
-                }
-                None => {
-                    let answer_bytes: i64 = row.try_get("answer_bytes")?;
-                    (row.try_get("offset")?, usize::try_from(answer_bytes).unwrap_or(usize::MAX))
-                }
-            };
-            if page.messages.is_empty() {
-                let (offset, size) = crossing;
-                return Err(DbError::TooLarge(format!(
-                    "the message at offset {offset} is {size} bytes, more than the answer limit of {} bytes",
-                    bound.bytes
-                )));
-            }
-            page.truncated = true;
-            break;
-        }
-        Ok(page)
-    }
-
-    /// The newest stored message of a partition with this transactionId
-    /// (`hash` is its [`txn_hash`](crate::hash::txn_hash)), found through the
-    /// log rows' hashes and checked against the stored transactionId.
-    pub async fn message_by_transaction_id(
-        &self,
-        queue: &str,
-        partition: &str,
-        hash: [u8; 16],
-        transaction_id: &str,
-    ) -> Result<Option<StoredMessage>, DbError> {
-        let client = self.pool.get().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT \"offset\", message_id, transaction_id, payload, created_ms \
-                 FROM stile.message_by_transaction_id($1, $2, $3, $4)",
-            )
-            .await?;
-        let rows = client.query(&stmt, &[&queue, &partition, &&hash[..], &transaction_id]).await?;
-        rows.first().map(stored_message).transpose()
-    }
-
     /// A partition's log rows created in the last `window_seconds` plus
     /// `slack_ms`, with its `last_offset` and `txns_start` and a reading of
     /// PostgreSQL's clock, all in one snapshot.
@@ -609,34 +447,6 @@ impl Db {
         }
         Ok(report)
     }
-}
-
-impl StoredMessage {
-    /// About what the message takes in an answer: its payload and
-    /// transactionId as stored, and its other fields. `stile.read_messages`
-    /// counts the same, to stop where the gateway would.
-    pub fn answer_bytes(&self) -> usize {
-        const FIELDS_BYTES: usize = 128;
-        self.payload.get().len() + self.transaction_id.len() * 6 + FIELDS_BYTES
-    }
-}
-
-fn stored_message(row: &tokio_postgres::Row) -> Result<StoredMessage, DbError> {
-    // Read as the text stored, like it was written, and answered as is: no
-    // tree is built only to be encoded again.
-    let Json(payload): Json<Box<RawValue>> = row.try_get("payload")?;
-    message_with(row, payload)
-}
-
-/// The message of `row` whose payload, already read from it, is `payload`.
-fn message_with(row: &tokio_postgres::Row, payload: Box<RawValue>) -> Result<StoredMessage, DbError> {
-    Ok(StoredMessage {
-        offset: row.try_get("offset")?,
-        message_id: row.try_get("message_id")?,
-        transaction_id: row.try_get("transaction_id")?,
-        payload: Payload::from(payload),
-        created_ms: row.try_get("created_ms")?,
-    })
 }
 
 /// A pool of a [`Db`]'s own, beside the one it was opened with.

@@ -30,7 +30,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::{Value, json};
 
-use super::workload::{Backoff, exchange_at};
+use super::workload::{Attempted, until_answered};
 use super::{AddressBook, Config, Report, Violation};
 use crate::gateway::Client;
 
@@ -163,50 +163,23 @@ async fn send_step(
     clients: &mut [Option<(u32, Client)>],
     rng: &mut StdRng,
 ) {
-    let deadline = Instant::now() + config.request_deadline;
-    let mut backoff = Backoff::new(deadline);
-    for _ in 0..config.max_attempts {
+    let record = |attempted: Attempted| {
         step.attempts += 1;
-        let gateway = rng.random_range(0..clients.len());
-        let target = book.read().expect("not poisoned")[gateway];
-        let outcome = match target {
-            None => Err("the gateway is down".to_owned()),
-            Some((addr, incarnation)) => {
-                match tokio::time::timeout(
-                    config.attempt_timeout,
-                    exchange_at(&mut clients[gateway], addr, incarnation, path, body.clone()),
-                )
-                .await
-                {
-                    Ok(Ok((200, text))) => Ok(text),
-                    Ok(Ok((status, text))) => Err(format!("{status}: {text}")),
-                    Ok(Err(error)) => Err(format!("{error:#}")),
-                    Err(_) => Err("timeout".to_owned()),
-                }
-            }
-        };
-        match outcome {
-            Ok(text) => {
+        step.answer = match attempted.answer {
+            Ok((200, text)) => {
                 let answer: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                step.answer = match step.kind {
+                match step.kind {
                     StepKind::Transaction if answer["success"] == json!(true) => "committed".to_owned(),
                     StepKind::Transaction => answer["reason"].as_str().unwrap_or("malformed").to_owned(),
                     StepKind::Timer if answer["results"][0]["ok"] == json!(true) => "scheduled".to_owned(),
                     StepKind::Timer => format!("malformed: {text}"),
-                };
-                return;
-            }
-            Err(error) => {
-                clients[gateway] = None;
-                let retry = !error.starts_with('4');
-                step.answer = error;
-                if !retry || Instant::now() >= deadline {
-                    return;
                 }
             }
-        }
-        backoff.wait(rng).await;
-    }
+            Ok((status, text)) => format!("{status}: {text}"),
+            Err(unanswered) => unanswered.to_string(),
+        };
+    };
+    until_answered(path, config, book, clients, rng, |_| body.clone(), record).await;
 }
 
 /// Waits, while the gateways still run, for every timer of the steps to be

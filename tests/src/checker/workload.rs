@@ -191,24 +191,24 @@ pub(super) fn partition_of(txn: &str, minted_at: Duration, config: &Config) -> S
 
 /// The pause before a retry: 50 ms doubling to 1 s, plus up to half of it
 /// again at random, never past the request's deadline.
-pub(super) struct Backoff {
+struct Backoff {
     delay: Duration,
     deadline: Instant,
 }
 
 impl Backoff {
-    pub(super) fn new(deadline: Instant) -> Backoff {
+    fn new(deadline: Instant) -> Backoff {
         Backoff { delay: Duration::from_millis(50), deadline }
     }
 
-    pub(super) async fn wait(&mut self, rng: &mut StdRng) {
+    async fn wait(&mut self, rng: &mut StdRng) {
         let jitter = Duration::from_millis(rng.random_range(0..=self.delay.as_millis() as u64 / 2));
         tokio::time::sleep((self.delay + jitter).min(self.deadline.saturating_duration_since(Instant::now()))).await;
         self.delay = (self.delay * 2).min(Duration::from_secs(1));
     }
 }
 
-/// Sends one request until it is answered, refused for good, or given up.
+/// Sends one push until it is answered, refused for good, or given up.
 pub(super) async fn send(
     request: &mut Request,
     config: &Config,
@@ -216,46 +216,102 @@ pub(super) async fn send(
     clients: &mut [Option<(u32, Client)>],
     rng: &mut StdRng,
 ) {
+    let (producer, seq, items) = (request.producer, request.seq, &request.items);
+    let attempts = &mut request.attempts;
+    let body = |attempt: u32| {
+        json!({
+            "items": items.iter().map(|item| json!({
+                "queue": config.queue,
+                "partition": item.partition,
+                "transactionId": item.txn,
+                "payload": { "c": [producer, seq, attempt] },
+            })).collect::<Vec<_>>()
+        })
+        .to_string()
+    };
+    let record = |attempted: Attempted| {
+        let outcome = match attempted.answer {
+            Ok((201, text)) => parse_answer(&text, items, &config.queue),
+            Ok((status, text)) => Outcome::Status(status, text),
+            Err(Unanswered::Timeout) => Outcome::Timeout,
+            Err(other) => Outcome::Connection(other.to_string()),
+        };
+        let Attempted { gateway, incarnation, sent_us, done_us, .. } = attempted;
+        attempts.push(Attempt { gateway, incarnation, sent_us, done_us, outcome });
+    };
+    until_answered("/api/v1/push", config, book, clients, rng, body, record).await;
+}
+
+/// One attempt of a request: where it went, when, and what came back.
+pub(super) struct Attempted {
+    pub(super) gateway: usize,
+    pub(super) incarnation: u32,
+    pub(super) sent_us: i64,
+    pub(super) done_us: i64,
+    /// The status and body answered, or why none was.
+    pub(super) answer: Result<(u16, String), Unanswered>,
+}
+
+/// Why an attempt got no answer.
+pub(super) enum Unanswered {
+    /// The gateway it was sent to was down.
+    Down,
+    /// The connection failed.
+    Connection(String),
+    /// No answer within the attempt's time limit.
+    Timeout,
+}
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unanswered::Down => f.write_str("the gateway is down"),
+            Unanswered::Connection(error) => f.write_str(error),
+            Unanswered::Timeout => f.write_str("timeout"),
+        }
+    }
+}
+
+/// The one retry loop of every client of the checker: sends `body(attempt)`
+/// to `path` on a gateway picked at random until an answer other than a
+/// 5xx comes back, the attempts run out or the request's deadline passes,
+/// pausing between attempts ([`Backoff`]); `record` sees every attempt. A
+/// connection that did not answer 2xx is not used again.
+pub(super) async fn until_answered(
+    path: &str,
+    config: &Config,
+    book: &AddressBook,
+    clients: &mut [Option<(u32, Client)>],
+    rng: &mut StdRng,
+    mut body: impl FnMut(u32) -> String,
+    mut record: impl FnMut(Attempted),
+) {
     let deadline = Instant::now() + config.request_deadline;
     let mut backoff = Backoff::new(deadline);
     for attempt in 0..config.max_attempts {
         let gateway = rng.random_range(0..clients.len());
-        let body = json!({
-            "items": request.items.iter().map(|item| json!({
-                "queue": config.queue,
-                "partition": item.partition,
-                "transactionId": item.txn,
-                "payload": { "c": [request.producer, request.seq, attempt] },
-            })).collect::<Vec<_>>()
-        })
-        .to_string();
         let target = book.read().expect("not poisoned")[gateway];
         let sent_us = now_us();
-        let (incarnation, outcome) = match target {
-            None => (0, Outcome::Connection("the gateway is down".to_owned())),
+        let (incarnation, answer) = match target {
+            None => (0, Err(Unanswered::Down)),
             Some((addr, incarnation)) => {
-                let outcome =
-                    tokio::time::timeout(config.attempt_timeout, exchange(&mut clients[gateway], addr, incarnation, body)).await;
-                let outcome = match outcome {
-                    Ok(Ok((201, text))) => parse_answer(&text, &request.items, &config.queue),
-                    Ok(Ok((status, text))) => Outcome::Status(status, text),
-                    Ok(Err(error)) => Outcome::Connection(format!("{error:#}")),
-                    Err(_) => Outcome::Timeout,
+                let exchange = exchange_at(&mut clients[gateway], addr, incarnation, path, body(attempt));
+                let answer = match tokio::time::timeout(config.attempt_timeout, exchange).await {
+                    Ok(Ok(answered)) => Ok(answered),
+                    Ok(Err(error)) => Err(Unanswered::Connection(format!("{error:#}"))),
+                    Err(_) => Err(Unanswered::Timeout),
                 };
-                if !matches!(outcome, Outcome::Answered(_)) {
-                    // A fresh connection next time.
+                if !matches!(answer, Ok((200..=299, _))) {
                     clients[gateway] = None;
                 }
-                (incarnation, outcome)
+                (incarnation, answer)
             }
         };
-        let done_us = now_us();
-        let retry = match &outcome {
-            Outcome::Answered(_) | Outcome::Malformed(_) => false,
-            Outcome::Status(status, _) => *status >= 500,
-            Outcome::Timeout | Outcome::Connection(_) => true,
+        let retry = match &answer {
+            Ok((status, _)) => *status >= 500,
+            Err(_) => true,
         };
-        request.attempts.push(Attempt { gateway, incarnation, sent_us, done_us, outcome });
+        record(Attempted { gateway, incarnation, sent_us, done_us: now_us(), answer });
         if !retry || Instant::now() >= deadline {
             return;
         }
@@ -263,18 +319,9 @@ pub(super) async fn send(
     }
 }
 
-pub(super) async fn exchange(
-    slot: &mut Option<(u32, Client)>,
-    addr: SocketAddr,
-    incarnation: u32,
-    body: String,
-) -> anyhow::Result<(u16, String)> {
-    exchange_at(slot, addr, incarnation, "/api/v1/push", body).await
-}
-
 /// One POST to `path` on a gateway's incarnation, on a connection kept per
 /// incarnation.
-pub(super) async fn exchange_at(
+async fn exchange_at(
     slot: &mut Option<(u32, Client)>,
     addr: SocketAddr,
     incarnation: u32,

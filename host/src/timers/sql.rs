@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{Db, DbError};
+use super::{TimerCall, TimerOp};
+use crate::db::{Db, DbError};
 use crate::kv::Key;
-use crate::timers::{TimerCall, TimerOp};
 
 /// A pending timer as the API shows it; times in ms since the epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,7 +169,7 @@ pub async fn pending(db: &Db, queue: &str, timer_key: &Key) -> Result<Option<Pen
 /// `max_bytes` (as PostgreSQL's jsonb text, which is never shorter than the
 /// gateway's JSON of them). A page ended early by either says `truncated`
 /// and names its last key in `next_after`; a first timer larger than
-/// `max_bytes` is refused with SQLSTATE [`ANSWER_TOO_LARGE`](super::kv::ANSWER_TOO_LARGE).
+/// `max_bytes` is refused with SQLSTATE [`ANSWER_TOO_LARGE`](crate::db::ANSWER_TOO_LARGE).
 pub async fn list(db: &Db, queue: &str, after: Option<&Key>, limit: u32, max_bytes: usize) -> Result<TimerPage, DbError> {
     let client = db.pool().get().await?;
     let after = after.map(Key::as_str);

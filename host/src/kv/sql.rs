@@ -8,11 +8,12 @@ use deadpool_postgres::GenericClient;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Db, DbError};
-use crate::kv::{Expiry, KvCall, KvOp, Version};
+use super::{Expiry, KvCall, KvOp, Version};
+use crate::db::{Db, DbError};
 
 /// The most bytes the results of one call may hold (as PostgreSQL's jsonb);
-/// past it the call is refused whole with SQLSTATE [`ANSWER_TOO_LARGE`].
+/// past it the call is refused whole with SQLSTATE
+/// [`ANSWER_TOO_LARGE`](crate::db::ANSWER_TOO_LARGE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AnswerLimit(pub i64);
 
@@ -21,10 +22,6 @@ impl AnswerLimit {
         AnswerLimit(i64::try_from(bytes).unwrap_or(i64::MAX))
     }
 }
-
-/// The SQLSTATE under which `stile.kv_apply` refuses an answer past its
-/// [`AnswerLimit`].
-pub const ANSWER_TOO_LARGE: &str = "SK002";
 
 /// The SQLSTATE under which `stile.kv_apply_atomic` raises a lost
 /// precondition, its answer as the message.

@@ -1,73 +1,44 @@
-//! The route table: one declarative list of methods, path patterns and the
-//! endpoint each names, matched segment by segment.
+//! Matching a request to a row of the route table ([`super::routes::ROUTES`]),
+//! segment by segment.
 //!
 //! A pattern's segment is a literal, `{name}` (one segment) or, last,
 //! `{*name}` (the rest of the path, one segment or more, so that a KV key or
 //! a timer key may contain `/`). Parameters are percent-decoded segment by
 //! segment and must be UTF-8.
 
+use futures::future::BoxFuture;
 use hyper::Method;
 
-/// What a request asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    Push,
-    Configure,
-    Messages,
-    MessageByTransactionId,
-    KvBatch,
-    KvGet,
-    KvPut,
-    KvDelete,
-    Transaction,
-    TimersBatch,
-    TimersList,
-    TimerPeek,
-    TimerCancel,
-    Health,
-    Metrics,
-    OpenApi,
-}
+use super::Call;
+use super::reply::{Failure, Reply};
+use super::routes::ROUTES;
 
-/// Every route, in the order they are tried. A literal route comes before a
-/// pattern that would also match it.
-pub const ROUTES: &[Route] = &[
-    Route::new(Method::POST, "/api/v1/push", Endpoint::Push),
-    Route::new(Method::POST, "/api/v1/configure", Endpoint::Configure),
-    Route::new(Method::GET, "/api/v1/messages/by-transaction-id", Endpoint::MessageByTransactionId),
-    Route::new(Method::GET, "/api/v1/messages", Endpoint::Messages),
-    Route::new(Method::POST, "/api/v1/kv", Endpoint::KvBatch),
-    Route::new(Method::GET, "/api/v1/kv/{ns}/{*key}", Endpoint::KvGet),
-    Route::new(Method::PUT, "/api/v1/kv/{ns}/{*key}", Endpoint::KvPut),
-    Route::new(Method::DELETE, "/api/v1/kv/{ns}/{*key}", Endpoint::KvDelete),
-    Route::new(Method::POST, "/api/v1/transaction", Endpoint::Transaction),
-    Route::new(Method::POST, "/api/v1/timers", Endpoint::TimersBatch),
-    Route::new(Method::GET, "/api/v1/timers/{queue}", Endpoint::TimersList),
-    Route::new(Method::GET, "/api/v1/timers/{queue}/{*timerKey}", Endpoint::TimerPeek),
-    Route::new(Method::DELETE, "/api/v1/timers/{queue}/{*timerKey}", Endpoint::TimerCancel),
-    Route::new(Method::GET, "/api/v1/openapi.json", Endpoint::OpenApi),
-    Route::new(Method::GET, "/health", Endpoint::Health),
-    Route::new(Method::GET, "/metrics", Endpoint::Metrics),
-];
-
-/// One entry of [`ROUTES`].
-#[derive(Debug)]
+/// One row of the route table ([`super::routes::ROUTES`]).
 pub struct Route {
     pub method: Method,
     pub pattern: &'static str,
-    pub endpoint: Endpoint,
+    pub handler: Handler,
 }
 
+/// A feature's handler of a route: runs the request and answers it.
+pub type Handler = for<'a> fn(Call<'a>) -> BoxFuture<'a, Result<Reply, Failure>>;
+
 impl Route {
-    const fn new(method: Method, pattern: &'static str, endpoint: Endpoint) -> Route {
-        Route { method, pattern, endpoint }
+    pub const fn new(method: Method, pattern: &'static str, handler: Handler) -> Route {
+        Route { method, pattern, handler }
+    }
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.method, self.pattern)
     }
 }
 
 /// A matched route and its path parameters, by name.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Matched {
-    pub endpoint: Endpoint,
+    pub route: &'static Route,
     pub params: Vec<(&'static str, String)>,
 }
 
@@ -97,7 +68,7 @@ pub fn route(method: &Method, path: &str) -> Result<Matched, Unrouted> {
     for route in ROUTES {
         let Some(params) = match_pattern(route.pattern, path)? else { continue };
         if route.method == wanted {
-            return Ok(Matched { endpoint: route.endpoint, params });
+            return Ok(Matched { route, params });
         }
         allowed.push(route.method.clone());
         if route.method == Method::GET {
@@ -143,39 +114,48 @@ fn decode(name: &'static str, segment: &str) -> Result<String, Unrouted> {
 mod tests {
     use super::*;
 
+    /// The pattern of the route `method` and `path` reach.
+    fn reached(method: Method, path: &str) -> Result<&'static str, Unrouted> {
+        route(&method, path).map(|matched| matched.route.pattern)
+    }
+
     #[test]
     fn literal_routes_win_over_patterns_and_methods_are_told_apart() {
-        assert_eq!(route(&Method::POST, "/api/v1/push").unwrap().endpoint, Endpoint::Push);
-        assert_eq!(route(&Method::GET, "/api/v1/messages/by-transaction-id").unwrap().endpoint, Endpoint::MessageByTransactionId);
-        assert_eq!(route(&Method::GET, "/api/v1/push"), Err(Unrouted::MethodNotAllowed(vec![Method::POST])));
-        assert_eq!(route(&Method::GET, "/api/v1/nothing"), Err(Unrouted::NotFound));
-        assert_eq!(route(&Method::GET, "/api/v1/push/extra"), Err(Unrouted::NotFound));
+        assert_eq!(reached(Method::POST, "/api/v1/push"), Ok("/api/v1/push"));
+        assert_eq!(reached(Method::GET, "/api/v1/messages/by-transaction-id"), Ok("/api/v1/messages/by-transaction-id"));
+        assert_eq!(reached(Method::GET, "/api/v1/push"), Err(Unrouted::MethodNotAllowed(vec![Method::POST])));
+        assert_eq!(reached(Method::GET, "/api/v1/nothing"), Err(Unrouted::NotFound));
+        assert_eq!(reached(Method::GET, "/api/v1/push/extra"), Err(Unrouted::NotFound));
     }
 
     #[test]
     fn a_rest_parameter_keeps_slashes_and_decodes_each_segment() {
         let matched = route(&Method::GET, "/api/v1/kv/orders/a/b%2Fc%20d").unwrap();
-        assert_eq!(matched.endpoint, Endpoint::KvGet);
+        assert_eq!((&matched.route.method, matched.route.pattern), (&Method::GET, "/api/v1/kv/{ns}/{*key}"));
         assert_eq!(matched.param("ns"), "orders");
         assert_eq!(matched.param("key"), "a/b/c d");
         let matched = route(&Method::DELETE, "/api/v1/timers/q/k1").unwrap();
-        assert_eq!((matched.endpoint, matched.param("queue"), matched.param("timerKey")), (Endpoint::TimerCancel, "q", "k1"));
-        assert_eq!(route(&Method::GET, "/api/v1/timers/q").unwrap().endpoint, Endpoint::TimersList);
+        assert_eq!(matched.route.method, Method::DELETE);
+        assert_eq!(
+            (matched.route.pattern, matched.param("queue"), matched.param("timerKey")),
+            ("/api/v1/timers/{queue}/{*timerKey}", "q", "k1")
+        );
+        assert_eq!(reached(Method::GET, "/api/v1/timers/q"), Ok("/api/v1/timers/{queue}"));
     }
 
     #[test]
     fn empty_parameters_and_bad_encodings_do_not_match() {
-        assert_eq!(route(&Method::GET, "/api/v1/kv/orders/"), Err(Unrouted::NotFound));
-        assert_eq!(route(&Method::GET, "/api/v1/kv//key"), Err(Unrouted::NotFound));
-        assert_eq!(route(&Method::GET, "/api/v1/kv/orders/%FF"), Err(Unrouted::BadParameter("key")));
+        assert_eq!(reached(Method::GET, "/api/v1/kv/orders/"), Err(Unrouted::NotFound));
+        assert_eq!(reached(Method::GET, "/api/v1/kv//key"), Err(Unrouted::NotFound));
+        assert_eq!(reached(Method::GET, "/api/v1/kv/orders/%FF"), Err(Unrouted::BadParameter("key")));
         let kv_key = vec![Method::GET, Method::HEAD, Method::PUT, Method::DELETE];
-        assert_eq!(route(&Method::PATCH, "/api/v1/kv/orders/k"), Err(Unrouted::MethodNotAllowed(kv_key)));
+        assert_eq!(reached(Method::PATCH, "/api/v1/kv/orders/k"), Err(Unrouted::MethodNotAllowed(kv_key)));
     }
 
     #[test]
     fn head_is_served_where_get_is() {
-        assert_eq!(route(&Method::HEAD, "/health").unwrap().endpoint, Endpoint::Health);
-        assert_eq!(route(&Method::HEAD, "/api/v1/kv/orders/k").unwrap().endpoint, Endpoint::KvGet);
-        assert_eq!(route(&Method::HEAD, "/api/v1/push"), Err(Unrouted::MethodNotAllowed(vec![Method::POST])));
+        assert_eq!(route(&Method::HEAD, "/health").unwrap().route.method, Method::GET);
+        assert_eq!(reached(Method::HEAD, "/api/v1/kv/orders/k"), Ok("/api/v1/kv/{ns}/{*key}"));
+        assert_eq!(reached(Method::HEAD, "/api/v1/push"), Err(Unrouted::MethodNotAllowed(vec![Method::POST])));
     }
 }

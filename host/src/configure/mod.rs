@@ -1,9 +1,14 @@
-//! The body of `POST /api/v1/configure`, validated.
+//! `POST /api/v1/configure`: a queue's options, validated here and by the
+//! database ([`sql`]), which owns the list of known keys. [`route`] is the
+//! handler.
+
+pub mod route;
+mod sql;
 
 use serde_json::{Map, Value};
 
 use crate::api::{BadRequest, name_value, nul_refused, parse_json, refuse_nul_in, type_name};
-pub use crate::db::ConfigureMode;
+pub use sql::{ConfigureError, ConfigureMode};
 
 /// The longest option value: a string's UTF-8 bytes (as long as a queue's
 /// name may be), or any other value's JSON text.

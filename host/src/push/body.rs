@@ -23,9 +23,9 @@
 //! serde_json's own syntax check of the same bytes is in
 //! `bench/parse/RESULTS.md`.
 //!
-//! What it accepts is exactly what [`push_stepwise`] (serde_json, in steps)
+//! What it accepts is exactly what [`super::stepwise`] (serde_json, in steps)
 //! accepts, and it finds the same items: `fuzz/fuzz_targets/parse_push_diff.rs`
-//! holds them to it. A body it refuses is read again by [`push_stepwise`],
+//! holds them to it. A body it refuses is read again by [`super::stepwise`],
 //! whose refusals are the API's words: each names the field, the item's
 //! index, and serde_json's own account of bad JSON. A refusal costs a second
 //! reading; an accepted body never does.
@@ -37,31 +37,19 @@ use bytestring::ByteString;
 use serde_json::value::RawValue;
 use unicode_normalization::UnicodeNormalization as _;
 
+use super::item::PushItem;
+use super::stepwise;
 use crate::api::{BadRequest, DEFAULT_PARTITION, MAX_NAME_BYTES, MAX_TRANSACTION_ID_BYTES, validate_name};
 use crate::payload::{MAX_DEPTH, Payload};
-use crate::push_stepwise;
-
-/// One validated item of a push. Each field is a view of the request's body
-/// (or a buffer of its own when it had to be decoded): cloning one copies no
-/// text.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PushItem {
-    pub queue: ByteString,
-    pub partition: ByteString,
-    /// Stored as sent; `null` when the item has none.
-    pub payload: Payload,
-    /// `None` when the producer sent none: the gateway then uses the message id.
-    pub transaction_id: Option<ByteString>,
-}
 
 /// Parses and validates a `POST /api/v1/push` body: `{"items": [...]}`.
 pub fn parse_push(body: &Bytes, max_items: usize) -> Result<Vec<PushItem>, BadRequest> {
     let Ok(text) = ByteString::try_from(body.clone()) else {
-        return named(push_stepwise::parse_push(body, max_items));
+        return named(stepwise::parse_push(body, max_items));
     };
     match read_push(&text, max_items) {
         Some(items) => Ok(items),
-        None => named(push_stepwise::parse_push(body, max_items)),
+        None => named(stepwise::parse_push(body, max_items)),
     }
 }
 
@@ -70,11 +58,11 @@ pub fn parse_push(body: &Bytes, max_items: usize) -> Result<Vec<PushItem>, BadRe
 pub fn parse_items(at: &str, body: &ByteString, items: &RawValue, max_items: usize) -> Result<Vec<PushItem>, BadRequest> {
     match read_items(body, items, max_items) {
         Some(read) => Ok(read),
-        None => named(push_stepwise::parse_items(at, items, max_items)),
+        None => named(stepwise::parse_items(at, items, max_items)),
     }
 }
 
-/// The one-pass reading of a push body: `None` when [`push_stepwise`]
+/// The one-pass reading of a push body: `None` when [`super::stepwise`]
 /// refuses it.
 pub fn read_push(body: &ByteString, max_items: usize) -> Option<Vec<PushItem>> {
     let mut reader = Reader::new(body, 0, body.len());
@@ -104,7 +92,7 @@ pub fn read_push(body: &ByteString, max_items: usize) -> Option<Vec<PushItem>> {
 }
 
 /// The one-pass reading of an items array inside `body`: `None` when
-/// [`push_stepwise::parse_items`] refuses it.
+/// [`stepwise::parse_items`] refuses it.
 pub fn read_items(body: &ByteString, items: &RawValue, max_items: usize) -> Option<Vec<PushItem>> {
     let items = items.get();
     let start = (items.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
@@ -692,7 +680,7 @@ mod tests {
     /// Both readings of `body`: the stepwise one, and the one-pass one.
     fn both(body: &str, max_items: usize) -> (Result<Vec<PushItem>, BadRequest>, Option<Vec<PushItem>>) {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
-        let stepwise = push_stepwise::parse_push(&bytes, max_items);
+        let stepwise = stepwise::parse_push(&bytes, max_items);
         let one_pass = read_push(&ByteString::from(body), max_items);
         (stepwise, one_pass)
     }
@@ -837,7 +825,7 @@ mod tests {
             [r#"{"items":[{"queue":"q"},{"queue":1}]}"#, r#"{"items":[{"queue":"q","payload":[1e400]}]}"#, "{\"items\":[\u{ff}]}"]
         {
             let bytes = Bytes::copy_from_slice(body.as_bytes());
-            assert_eq!(parse_push(&bytes, 10), push_stepwise::parse_push(&bytes, 10));
+            assert_eq!(parse_push(&bytes, 10), stepwise::parse_push(&bytes, 10));
         }
         let invalid_utf8 = Bytes::from_static(b"{\"items\":[{\"queue\":\"\xff\"}]}");
         let refused = parse_push(&invalid_utf8, 10).unwrap_err();

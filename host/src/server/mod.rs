@@ -21,9 +21,9 @@ use self::streams::StreamTasks;
 use self::tls::{Acceptor, ListenerTls};
 
 use crate::cache::{EngineKind, ShardCache};
-use crate::conn::TimedIo;
 use crate::db::{Db, DbConfig};
 use crate::gateway::Gateway;
+use crate::http::conn::TimedIo;
 use crate::http::{App, HttpConfig};
 use crate::intake::{Intake, IntakeConfig};
 use crate::metrics::Metrics;

@@ -16,6 +16,8 @@
 //! segments, so that a partition written by transactions is not rebuilt after
 //! each one.
 
+pub mod route;
+
 use bytes::Bytes;
 use bytestring::ByteString;
 use serde::de::IgnoredAny;
@@ -24,10 +26,11 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::api::{self, BadRequest, PushItem};
+use crate::api::{self, BadRequest};
 use crate::db::DbError;
 use crate::gateway::{Gateway, PushResult, RequestPlan};
 use crate::kv::{self, KvCall, OpsContext, PreconditionLost};
+use crate::push::PushItem;
 use crate::timers::{self, FirerWake, TimerCall, TimerResult};
 
 /// A validated transaction.
@@ -68,7 +71,7 @@ pub fn parse(body: &Bytes, max_items: usize) -> Result<TransactionRequest, BadRe
         let Some(items) = op.items.filter(|items| api::raw_type_name(items) == api::ARRAY) else {
             return Err(BadRequest::new(format!("{at}items: expected an array")));
         };
-        pushes.extend(api::parse_items(&at, &text, items, max_items)?);
+        pushes.extend(crate::push::parse_items(&at, &text, items, max_items)?);
         if pushes.len() > max_items {
             return Err(BadRequest::too_large(format!("operations: more than {max_items} items in one transaction")));
         }
@@ -215,7 +218,7 @@ pub async fn run(
     tx.commit().await?;
     drop(client);
     gateway.committed_elsewhere(pushed.committed).await;
-    wake.committed(&request.timers);
+    timers::wake_for(wake, &request.timers);
     gateway.metrics().transaction("committed");
     let mut results: Vec<TransactionResult> =
         pushed.results.into_iter().enumerate().map(|(i, r)| TransactionResult::Push(push_entry(i, r))).collect();

@@ -2,11 +2,14 @@
 //!
 //! `once` is a `putIfAbsent` of `true` with `required`. Every verdict is
 //! computed by `stile.kv_apply` (`host/sql/functions/kv.sql`, called from
-//! `host/src/db/kv.rs`) on the key's row under its lock, in the caller's
+//! `host/src/kv/sql.rs`) on the key's row under its lock, in the caller's
 //! transaction. This module reads each operation into its typed form
 //! ([`KvCall`]), so that a malformed request is refused whole, naming the
 //! field, before anything is sent; what has rules (a [`Namespace`], a
 //! [`Key`], a [`Version`], an [`Expiry`]) is checked where it is read.
+
+pub mod route;
+mod sql;
 
 use std::fmt::{self, Display};
 
@@ -16,7 +19,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::api::{self, BadRequest, DEFAULT_PAGE, MAX_OPS, MAX_PAGE};
-pub use crate::db::kv::{ANSWER_TOO_LARGE, AnswerLimit, Applied, KvResult, apply, apply_in, purge};
+pub use sql::{AnswerLimit, Applied, KvResult, apply, apply_in, purge};
 
 /// The largest value, as JSON text.
 pub const MAX_VALUE_BYTES: usize = 64 << 10;

@@ -40,7 +40,7 @@ pub struct ConnectionLimits {
     /// A write that makes no progress.
     pub send: Duration,
     /// A wait for room in the intake, before the body is read
-    /// (`crate::intake`); past it, the request is answered 503.
+    /// ([`crate::intake`]); past it, the request is answered 503.
     pub queue: Duration,
 }
 

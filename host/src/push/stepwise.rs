@@ -2,9 +2,8 @@
 //! JSON (its syntax checked), then its `items`, then each item's fields, each
 //! decoded from its own text.
 //!
-//! This was the gateway's only reading of a push body; [`crate::push_body`]
-//! now reads it in one pass and accepts exactly the bodies this reading
-//! accepts. Its refusals are the API's words (each names the field, the
+//! [`super::body`] reads a body in one pass and accepts exactly the bodies
+//! this reading accepts. This reading's refusals are the API's words (each names the field, the
 //! item's index and serde_json's account of bad JSON), so the one-pass
 //! reader hands every body it refuses to this one to name what is wrong. It
 //! is also the reference that reader is tested and fuzzed against, and
@@ -16,11 +15,11 @@ use bytestring::ByteString;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
+use super::item::PushItem;
 use crate::api::{
     ARRAY, BadRequest, DEFAULT_PARTITION, NULL, OBJECT, STRING, checked_name, parse_json, raw_type_name, validate_transaction_id,
 };
 use crate::payload::{self, Payload};
-use crate::push_body::PushItem;
 
 /// Parses and validates a `POST /api/v1/push` body, in steps.
 pub fn parse_push(body: &[u8], max_items: usize) -> Result<Vec<PushItem>, BadRequest> {
