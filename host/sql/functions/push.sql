@@ -282,29 +282,23 @@ $$;
 -- the span) and that message's id (NULL once retention removed it); NULLs
 -- when none is found.
 --
--- A narrowed probe (p_narrowed) reads one row alone when that row holds every
--- hash of the segment (a retry floored at or just below its original by the
--- cache): the span's first row whose bytes hold any of the segment's first 4
--- hashes, when no row of the span below it holds any of the others. Each
--- hash's first occurrence is then there, and so are the messages' ids. A
--- full probe of up to 4 hashes tries that row too (with at most 4, no row
--- below the first holding any of them holds another). Otherwise it reads
--- every row of the span.
+-- It tries four strategies in turn, each a function of its own that answers
+-- only when it is sure, the last one always:
+--   1. stile.probe_retried_row, for a narrowed probe (p_narrowed: a retry the
+--      cache floored at or just below its original): the span's first row;
+--   2. stile.found_above_floors, given each hash's own floor (p_floors, 8
+--      bytes per hash, see stile.floor_at and stile.held_floors): each hash
+--      in the 128 offsets above its floor;
+--   3. stile.probe_first_holding_row, for a narrowed probe or one of up to 4
+--      hashes: the span's first row holding any of the first 4 hashes, when
+--      no row below it holds another; then, for a narrowed probe without
+--      floors, stile.found_above_floors with the vouch as every hash's floor;
+--   4. stile.probe_span: every row of the span.
 --
--- A probe given each hash's own floor (p_floors, 8 bytes per hash, see
--- stile.floor_at: the cache's bound at or below which that hash does not
--- occur, NULL where the cache's vouches do not hold, see stile.held_floors)
--- first looks for each hash in the 128 offsets above its floor
--- (stile.found_above_floors: a replay of ids of many requests, each found in
--- a slice of one or a few rows instead of in every row of the span); when
--- every hash is found there, that is the answer, and otherwise the probe
--- goes on as without floors. A narrowed probe without floors does the same
--- before it reads the whole span, every hash's floor its p_from.
---
--- STABLE, as stile.found_above_floors: every read of one probe sees the
--- snapshot of the statement that calls it, so that a probe without the
--- partition's row lock (stile.found_committed) reads the log as of the one
--- moment it read the partition's row.
+-- STABLE, as every strategy: every read of one probe sees the snapshot of
+-- the statement that calls it, so that a probe without the partition's row
+-- lock (stile.found_committed) reads the log as of the one moment it read
+-- the partition's row.
 DROP FUNCTION IF EXISTS stile.probe(bigint, bigint, bigint, integer, timestamptz, bytea, boolean);
 CREATE OR REPLACE FUNCTION stile.probe(
     p_pid bigint,
@@ -322,21 +316,8 @@ CREATE OR REPLACE FUNCTION stile.probe(
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_count integer := length(p_hashes) / 16;
     v_since timestamptz := p_now - make_interval(secs => p_window);
-    v_h1 bytea;
-    v_h2 bytea;
-    v_h3 bytea;
-    v_h4 bytea;
-    v_first_base bigint;   -- the row tried alone first
-    v_first_hashes bytea;
-    v_first_mids bytea;    -- its message ids (or a slice of them, as of v_slice)
-    v_slice bytea;         -- a slice of its hashes
-    v_at integer;          -- a hash's byte position in that row, from 0
-    v_run integer;         -- the segment's first hash's place in that row when
-                           -- the segment is a run of it, else -1
-    v_above bytea;         -- the hashes above p_from of the rows below that row
-    v_below bigint;        -- hashes of the rows below that row found in the segment
+    v_decided boolean;
     v_settings text;       -- what set_config answered (unused)
 BEGIN
     -- Five settings, transaction-local (a push is the transaction, or runs
@@ -362,59 +343,13 @@ BEGIN
     v_settings := set_config('jit', 'off', true) || set_config('enable_mergejoin', 'off', true)
                   || set_config('plan_cache_mode', 'force_generic_plan', true)
                   || set_config('enable_seqscan', 'off', true) || set_config('enable_sort', 'off', true);
-    -- The segment's first 4 hashes (absent ones NULL: a NULL needle is never
-    -- searched for). A byte search per row costs far less than unnesting the
-    -- row; it only preselects rows, and an aligned comparison decides.
-    v_h1 := substring(p_hashes FROM 1 FOR 16);
-    IF v_count >= 2 THEN v_h2 := substring(p_hashes FROM 17 FOR 16); END IF;
-    IF v_count >= 3 THEN v_h3 := substring(p_hashes FROM 33 FOR 16); END IF;
-    IF v_count >= 4 THEN v_h4 := substring(p_hashes FROM 49 FOR 16); END IF;
-
     IF p_narrowed THEN
-        -- A retry, floored by the cache at most one arrival step (16
-        -- offsets) below its original: the span's first row, the one that
-        -- holds offset p_from + 1, is read first, and of its hashes only
-        -- those from that offset on that the segment could cover (rows hold
-        -- up to thousands of hashes, out of line: a slice reads one or two
-        -- of their chunks). The segment found there whole is the answer: a
-        -- row's hashes are distinct, so each hash occurs there once, and no
-        -- row of the span lies below it.
-        SELECT f.base_offset,
-               substring(f.hashes FROM 16 * (p_from + 1 - f.base_offset)::integer + 1 FOR 16 * (v_count + 15)),
-               substring(f.message_ids FROM 16 * (p_from + 1 - f.base_offset)::integer + 1 FOR 16 * (v_count + 15))
-          INTO v_first_base, v_slice, v_first_mids
-          FROM (SELECT r.base_offset, r.end_offset, r.created_at, r.hashes, r.message_ids
-                  FROM stile.log r
-                 WHERE r.partition_id = p_pid
-                   AND r.end_offset > p_from
-                 ORDER BY r.end_offset
-                 LIMIT 1) AS f
-         WHERE f.base_offset <= p_from + 1
-           AND f.end_offset <= p_last
-           AND f.created_at >= v_since;
-        v_at := position(p_hashes IN v_slice) - 1;
-        IF v_at >= 0 AND v_at % 16 = 0 AND v_count = 1 THEN
-            -- A lone message's retry (one request, one message): three
-            -- expressions instead of stile.found_as_run's query.
-            dup_idx := '{0}';
-            dup_off := ARRAY[p_from + 1 + v_at / 16];
-            dup_ids := ARRAY[stile.message_id_at(v_first_mids, v_at / 16)];
+        SELECT f.dup_idx, f.dup_off, f.dup_ids INTO dup_idx, dup_off, dup_ids
+          FROM stile.probe_retried_row(p_pid, p_from, p_last, v_since, p_hashes) AS f;
+        IF dup_idx IS NOT NULL THEN
             RETURN;
-        ELSIF v_at >= 0 AND v_at % 16 = 0 THEN
-            SELECT * INTO dup_idx, dup_off, dup_ids
-              FROM stile.found_as_run(v_count, p_from + 1 + v_at / 16, v_first_mids, v_at / 16);
-            RETURN;
-        ELSIF v_slice IS NOT NULL AND v_count <= 64 THEN
-            -- Hashes in another order, each searched for in the slice (at
-            -- most 79 hashes long).
-            SELECT * INTO dup_idx, dup_off, dup_ids
-              FROM stile.found_each(p_hashes, v_slice, p_from + 1, v_first_mids);
-            IF dup_idx IS NOT NULL THEN
-                RETURN;
-            END IF;
         END IF;
     END IF;
-
     IF p_floors IS NOT NULL THEN
         SELECT f.dup_idx, f.dup_off, f.dup_ids INTO dup_idx, dup_off, dup_ids
           FROM stile.found_above_floors(p_pid, p_from, p_last, v_since, p_hashes, p_floors) AS f;
@@ -422,113 +357,13 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-
-    IF p_narrowed OR v_count <= 4 THEN
-        -- Otherwise, and in a full span for up to 4 hashes (replays of old
-        -- messages, which the cache floors at the start of a large run or
-        -- not at all): the span's first row whose bytes hold any of the
-        -- segment's first 4 hashes, each row's hashes detoasted once, below
-        -- the filter (each use of a toasted column fetches it anew). The
-        -- fence keeps the index's order, so the limit still stops at the
-        -- first row.
-        SELECT t.base_offset, t.hashes, t.message_ids
-          INTO v_first_base, v_first_hashes, v_first_mids
-          FROM (SELECT r.base_offset, r.end_offset, r.hashes || '\x'::bytea AS hashes, r.message_ids
-                  FROM stile.log r
-                 WHERE r.partition_id = p_pid
-                   AND r.end_offset > p_from
-                   AND r.end_offset <= p_last
-                   AND r.created_at >= v_since
-                 ORDER BY r.end_offset
-                OFFSET 0) AS t
-         WHERE position(v_h1 IN t.hashes) > 0
-            OR position(v_h2 IN t.hashes) > 0
-            OR position(v_h3 IN t.hashes) > 0
-            OR position(v_h4 IN t.hashes) > 0
-         LIMIT 1;
-        IF NOT FOUND AND v_count <= 4 THEN
-            -- No row of the span holds any of the segment's hashes: the read
-            -- of the whole span below would find none either.
+    IF p_narrowed OR length(p_hashes) <= 4 * 16 THEN
+        SELECT f.decided, f.dup_idx, f.dup_off, f.dup_ids INTO v_decided, dup_idx, dup_off, dup_ids
+          FROM stile.probe_first_holding_row(p_pid, p_from, p_last, v_since, p_hashes) AS f;
+        IF v_decided THEN
             RETURN;
         END IF;
-        IF FOUND AND position(substring(p_hashes FROM 16 * v_count - 15) IN v_first_hashes) = 0 THEN
-            -- Without the segment's last hash the row cannot hold them all.
-            v_first_base := NULL;
-        END IF;
-        -- Rows below it exist only when it starts above the span's first
-        -- offset. Only their hashes above p_from can be the other hashes'
-        -- earlier occurrences (the cache vouches for the rest), and a cache's
-        -- floor is at most an arrival step below the original: those few
-        -- hashes are looked for in the segment, rather than the segment's
-        -- hashes each in the rows' whole bytes (a byte search costs its
-        -- haystack's length). Those rows are read by their offset range
-        -- alone, the window's bound applied above a fence: with both at one
-        -- level, the generic plan read them through the created_at index,
-        -- every row of the partition's window.
-        IF v_first_base IS NOT NULL AND v_count > 4 AND v_first_base > p_from + 1 THEN
-            SELECT string_agg(substring(r.hashes FROM 16 * greatest(p_from + 1 - r.base_offset, 0)::integer + 1), '\x'::bytea)
-              INTO v_above
-              FROM (SELECT r0.base_offset, r0.created_at, r0.hashes
-                      FROM stile.log r0
-                     WHERE r0.partition_id = p_pid
-                       AND r0.end_offset > p_from
-                       AND r0.end_offset < v_first_base
-                    OFFSET 0) AS r
-             WHERE r.created_at >= v_since;
-            IF v_count > 64 THEN
-                -- A large segment: a byte search per hash below would cost
-                -- the segment's length each time, so the hashes are joined
-                -- with the segment's on equality instead, by hash, once each
-                -- (aligned matches only: exactly the earlier occurrences).
-                SELECT count(*) INTO v_below
-                  FROM stile.unnest_hashes(v_above) AS below
-                  JOIN stile.unnest_hashes(p_hashes) AS mine ON mine.h = below.h;
-            ELSE
-                -- (Any byte match counts here, aligned or not: it can only
-                -- send the segment to the full span.)
-                SELECT count(*) INTO v_below
-                  FROM generate_series(0, length(v_above) / 16 - 1) AS j
-                 WHERE position(substring(v_above FROM 16 * j + 1 FOR 16) IN p_hashes) > 0;
-            END IF;
-            IF v_below > 0 THEN
-                v_first_base := NULL;
-            END IF;
-        END IF;
-        IF v_first_base IS NOT NULL THEN
-            -- The whole segment as one run of the row's hashes, at a hash
-            -- boundary: a retry of a push stored as sent, the usual case,
-            -- found by one byte search. A row's hashes are distinct (so are
-            -- every segment's), so each hash occurs there only at its place
-            -- in the run.
-            v_at := position(p_hashes IN v_first_hashes) - 1;
-            v_run := CASE WHEN v_at >= 0 AND v_at % 16 = 0 THEN v_at / 16 ELSE -1 END;
-            IF v_run >= 0 THEN
-                SELECT * INTO dup_idx, dup_off, dup_ids
-                  FROM stile.found_as_run(v_count, v_first_base + v_run, v_first_mids, v_run);
-            ELSIF v_count <= 16 THEN
-                -- A miss or an unaligned match leaves the segment to the full
-                -- span.
-                SELECT * INTO dup_idx, dup_off, dup_ids
-                  FROM stile.found_each(p_hashes, v_first_hashes, v_first_base, v_first_mids);
-            ELSE
-                SELECT array_agg(ih.idx ORDER BY ih.idx),
-                       array_agg(v_first_base + th.idx ORDER BY ih.idx),
-                       array_agg(stile.message_id_at(v_first_mids, th.idx) ORDER BY ih.idx)
-                  INTO dup_idx, dup_off, dup_ids
-                  FROM stile.unnest_hashes(p_hashes) AS ih
-                  JOIN (SELECT f.h, min(f.idx) AS idx
-                          FROM stile.unnest_hashes(v_first_hashes) AS f
-                         GROUP BY f.h) AS th ON th.h = ih.h;
-            END IF;
-            IF cardinality(dup_idx) = v_count THEN
-                RETURN;
-            END IF;
-            dup_idx := NULL;
-            dup_off := NULL;
-            dup_ids := NULL;
-        END IF;
     END IF;
-
     IF p_narrowed AND p_floors IS NULL THEN
         -- Before the whole span, a narrowed segment without floors of its
         -- own takes the cache's vouch as every hash's floor: replays of
@@ -540,7 +375,251 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    SELECT f.dup_idx, f.dup_off, f.dup_ids INTO dup_idx, dup_off, dup_ids
+      FROM stile.probe_span(p_pid, p_from, p_last, v_since, p_hashes) AS f;
+END
+$$;
 
+-- Strategy 1 of stile.probe: a retry, floored by the cache at most one
+-- arrival step (16 offsets) below its original. The span's first row, the
+-- one that holds offset p_from + 1, is read first, and of its hashes only
+-- those from that offset on that the segment could cover (rows hold up to
+-- thousands of hashes, out of line: a slice reads one or two of their
+-- chunks). The segment found there whole is the answer: a row's hashes are
+-- distinct, so each hash occurs there once, and no row of the span lies
+-- below it. NULLs otherwise.
+CREATE OR REPLACE FUNCTION stile.probe_retried_row(
+    p_pid bigint,
+    p_from bigint,
+    p_last bigint,
+    p_since timestamptz,
+    p_hashes bytea,
+    OUT dup_idx integer[],
+    OUT dup_off bigint[],
+    OUT dup_ids uuid[]
+)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_count integer := length(p_hashes) / 16;
+    v_first_base bigint;   -- the span's first row
+    v_first_mids bytea;    -- a slice of its message ids
+    v_slice bytea;         -- a slice of its hashes
+    v_at integer;          -- a hash's byte position in the slice, from 0
+BEGIN
+    SELECT f.base_offset,
+           substring(f.hashes FROM 16 * (p_from + 1 - f.base_offset)::integer + 1 FOR 16 * (v_count + 15)),
+           substring(f.message_ids FROM 16 * (p_from + 1 - f.base_offset)::integer + 1 FOR 16 * (v_count + 15))
+      INTO v_first_base, v_slice, v_first_mids
+      FROM (SELECT r.base_offset, r.end_offset, r.created_at, r.hashes, r.message_ids
+              FROM stile.log r
+             WHERE r.partition_id = p_pid
+               AND r.end_offset > p_from
+             ORDER BY r.end_offset
+             LIMIT 1) AS f
+     WHERE f.base_offset <= p_from + 1
+       AND f.end_offset <= p_last
+       AND f.created_at >= p_since;
+    v_at := position(p_hashes IN v_slice) - 1;
+    IF v_at >= 0 AND v_at % 16 = 0 AND v_count = 1 THEN
+        -- A lone message's retry (one request, one message): three
+        -- expressions instead of stile.found_as_run's query.
+        dup_idx := '{0}';
+        dup_off := ARRAY[p_from + 1 + v_at / 16];
+        dup_ids := ARRAY[stile.message_id_at(v_first_mids, v_at / 16)];
+        RETURN;
+    ELSIF v_at >= 0 AND v_at % 16 = 0 THEN
+        SELECT * INTO dup_idx, dup_off, dup_ids
+          FROM stile.found_as_run(v_count, p_from + 1 + v_at / 16, v_first_mids, v_at / 16);
+        RETURN;
+    ELSIF v_slice IS NOT NULL AND v_count <= 64 THEN
+        -- Hashes in another order, each searched for in the slice (at
+        -- most 79 hashes long).
+        SELECT * INTO dup_idx, dup_off, dup_ids
+          FROM stile.found_each(p_hashes, v_slice, p_from + 1, v_first_mids);
+        IF dup_idx IS NOT NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+END
+$$;
+
+-- Strategy 3 of stile.probe, for a narrowed probe or a full one of up to 4
+-- hashes (replays of old messages, which the cache floors at the start of a
+-- large run or not at all): the span's first row whose bytes hold any of the
+-- segment's first 4 hashes, when no row of the span below it holds any of
+-- the others. Each hash's first occurrence is then there, and so are the
+-- messages' ids. With at most 4 hashes, no row below the first holding any
+-- of them holds another. decided: the answer stands (every hash found, or
+-- none of up to 4 anywhere in the span); otherwise NULLs.
+CREATE OR REPLACE FUNCTION stile.probe_first_holding_row(
+    p_pid bigint,
+    p_from bigint,
+    p_last bigint,
+    p_since timestamptz,
+    p_hashes bytea,
+    OUT decided boolean,
+    OUT dup_idx integer[],
+    OUT dup_off bigint[],
+    OUT dup_ids uuid[]
+)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_count integer := length(p_hashes) / 16;
+    v_h1 bytea;
+    v_h2 bytea;
+    v_h3 bytea;
+    v_h4 bytea;
+    v_first_base bigint;   -- the row found
+    v_first_hashes bytea;
+    v_first_mids bytea;    -- its message ids
+    v_at integer;          -- a hash's byte position in that row, from 0
+    v_run integer;         -- the segment's first hash's place in that row when
+                           -- the segment is a run of it, else -1
+    v_above bytea;         -- the hashes above p_from of the rows below that row
+    v_below bigint;        -- hashes of the rows below that row found in the segment
+BEGIN
+    decided := false;
+    -- The segment's first 4 hashes (absent ones NULL: a NULL needle is never
+    -- searched for). A byte search per row costs far less than unnesting the
+    -- row; it only preselects rows, and an aligned comparison decides.
+    v_h1 := substring(p_hashes FROM 1 FOR 16);
+    IF v_count >= 2 THEN v_h2 := substring(p_hashes FROM 17 FOR 16); END IF;
+    IF v_count >= 3 THEN v_h3 := substring(p_hashes FROM 33 FOR 16); END IF;
+    IF v_count >= 4 THEN v_h4 := substring(p_hashes FROM 49 FOR 16); END IF;
+    -- The span's first row whose bytes hold any of the segment's first 4
+    -- hashes, each row's hashes detoasted once, below the filter (each use
+    -- of a toasted column fetches it anew). The fence keeps the index's
+    -- order, so the limit still stops at the first row.
+    SELECT t.base_offset, t.hashes, t.message_ids
+      INTO v_first_base, v_first_hashes, v_first_mids
+      FROM (SELECT r.base_offset, r.end_offset, r.hashes || '\x'::bytea AS hashes, r.message_ids
+              FROM stile.log r
+             WHERE r.partition_id = p_pid
+               AND r.end_offset > p_from
+               AND r.end_offset <= p_last
+               AND r.created_at >= p_since
+             ORDER BY r.end_offset
+            OFFSET 0) AS t
+     WHERE position(v_h1 IN t.hashes) > 0
+        OR position(v_h2 IN t.hashes) > 0
+        OR position(v_h3 IN t.hashes) > 0
+        OR position(v_h4 IN t.hashes) > 0
+     LIMIT 1;
+    IF NOT FOUND AND v_count <= 4 THEN
+        -- No row of the span holds any of the segment's hashes: the read
+        -- of the whole span would find none either.
+        decided := true;
+        RETURN;
+    END IF;
+    IF FOUND AND position(substring(p_hashes FROM 16 * v_count - 15) IN v_first_hashes) = 0 THEN
+        -- Without the segment's last hash the row cannot hold them all.
+        v_first_base := NULL;
+    END IF;
+    -- Rows below it exist only when it starts above the span's first
+    -- offset. Only their hashes above p_from can be the other hashes'
+    -- earlier occurrences (the cache vouches for the rest), and a cache's
+    -- floor is at most an arrival step below the original: those few
+    -- hashes are looked for in the segment, rather than the segment's
+    -- hashes each in the rows' whole bytes (a byte search costs its
+    -- haystack's length). Those rows are read by their offset range
+    -- alone, the window's bound applied above a fence: with both at one
+    -- level, the generic plan read them through the created_at index,
+    -- every row of the partition's window.
+    IF v_first_base IS NOT NULL AND v_count > 4 AND v_first_base > p_from + 1 THEN
+        SELECT string_agg(substring(r.hashes FROM 16 * greatest(p_from + 1 - r.base_offset, 0)::integer + 1), '\x'::bytea)
+          INTO v_above
+          FROM (SELECT r0.base_offset, r0.created_at, r0.hashes
+                  FROM stile.log r0
+                 WHERE r0.partition_id = p_pid
+                   AND r0.end_offset > p_from
+                   AND r0.end_offset < v_first_base
+                OFFSET 0) AS r
+         WHERE r.created_at >= p_since;
+        IF v_count > 64 THEN
+            -- A large segment: a byte search per hash below would cost
+            -- the segment's length each time, so the hashes are joined
+            -- with the segment's on equality instead, by hash, once each
+            -- (aligned matches only: exactly the earlier occurrences).
+            SELECT count(*) INTO v_below
+              FROM stile.unnest_hashes(v_above) AS below
+              JOIN stile.unnest_hashes(p_hashes) AS mine ON mine.h = below.h;
+        ELSE
+            -- (Any byte match counts here, aligned or not: it can only
+            -- send the segment to the full span.)
+            SELECT count(*) INTO v_below
+              FROM generate_series(0, length(v_above) / 16 - 1) AS j
+             WHERE position(substring(v_above FROM 16 * j + 1 FOR 16) IN p_hashes) > 0;
+        END IF;
+        IF v_below > 0 THEN
+            v_first_base := NULL;
+        END IF;
+    END IF;
+    IF v_first_base IS NOT NULL THEN
+        -- The whole segment as one run of the row's hashes, at a hash
+        -- boundary: a retry of a push stored as sent, the usual case,
+        -- found by one byte search. A row's hashes are distinct (so are
+        -- every segment's), so each hash occurs there only at its place
+        -- in the run.
+        v_at := position(p_hashes IN v_first_hashes) - 1;
+        v_run := CASE WHEN v_at >= 0 AND v_at % 16 = 0 THEN v_at / 16 ELSE -1 END;
+        IF v_run >= 0 THEN
+            SELECT * INTO dup_idx, dup_off, dup_ids
+              FROM stile.found_as_run(v_count, v_first_base + v_run, v_first_mids, v_run);
+        ELSIF v_count <= 16 THEN
+            -- A miss or an unaligned match leaves the segment to the full
+            -- span.
+            SELECT * INTO dup_idx, dup_off, dup_ids
+              FROM stile.found_each(p_hashes, v_first_hashes, v_first_base, v_first_mids);
+        ELSE
+            SELECT array_agg(ih.idx ORDER BY ih.idx),
+                   array_agg(v_first_base + th.idx ORDER BY ih.idx),
+                   array_agg(stile.message_id_at(v_first_mids, th.idx) ORDER BY ih.idx)
+              INTO dup_idx, dup_off, dup_ids
+              FROM stile.unnest_hashes(p_hashes) AS ih
+              JOIN (SELECT f.h, min(f.idx) AS idx
+                      FROM stile.unnest_hashes(v_first_hashes) AS f
+                     GROUP BY f.h) AS th ON th.h = ih.h;
+        END IF;
+        IF cardinality(dup_idx) = v_count THEN
+            decided := true;
+            RETURN;
+        END IF;
+        dup_idx := NULL;
+        dup_off := NULL;
+        dup_ids := NULL;
+    END IF;
+END
+$$;
+
+-- Strategy 4 of stile.probe, the one that always answers: every row of the
+-- span, each row's hashes unnested and joined with the segment's, the first
+-- occurrence of each by MIN. With up to 4 hashes, only the rows whose bytes
+-- hold one of them are unnested.
+CREATE OR REPLACE FUNCTION stile.probe_span(
+    p_pid bigint,
+    p_from bigint,
+    p_last bigint,
+    p_since timestamptz,
+    p_hashes bytea,
+    OUT dup_idx integer[],
+    OUT dup_off bigint[],
+    OUT dup_ids uuid[]
+)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_count integer := length(p_hashes) / 16;
+    v_h1 bytea;
+    v_h2 bytea;
+    v_h3 bytea;
+    v_h4 bytea;
+BEGIN
+    v_h1 := substring(p_hashes FROM 1 FOR 16);
+    IF v_count >= 2 THEN v_h2 := substring(p_hashes FROM 17 FOR 16); END IF;
+    IF v_count >= 3 THEN v_h3 := substring(p_hashes FROM 33 FOR 16); END IF;
+    IF v_count >= 4 THEN v_h4 := substring(p_hashes FROM 49 FOR 16); END IF;
     SELECT array_agg(d.idx ORDER BY d.idx),
            array_agg(d.off ORDER BY d.idx),
            array_agg(o.mid ORDER BY d.idx)
@@ -556,7 +635,7 @@ BEGIN
                                        AND t0.end_offset > p_from
                                        AND t0.end_offset <= p_last
                                     OFFSET 0) AS t1
-                             WHERE t1.created_at >= v_since
+                             WHERE t1.created_at >= p_since
                             OFFSET 0) AS t2
                      WHERE v_count > 4
                         OR position(v_h1 IN t2.hashes) > 0

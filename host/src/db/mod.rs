@@ -257,8 +257,13 @@ pub struct PurgeReport {
     pub txns_deleted: u64,
 }
 
+/// The call of the push function, its arguments named: a bundle's segments
+/// as parallel arrays, one element per segment, in the order the partitions'
+/// locks are taken (see `host/sql/functions/push.sql`).
 const PUSH_SQL: &str = "SELECT seg, base_offset, created_ms, window_seconds, probe, dup_idx, dup_off, dup_ids, clock_ms \
-     FROM stile.push($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+     FROM stile.push(p_route => $1, p_partition_ids => $2, p_verified => $3, p_planned_windows => $4, p_counts => $5, \
+                     p_hashes => $6, p_message_ids => $7, p_transaction_ids => $8, p_payloads => $9, \
+                     p_clock_floor_ms => $10, p_hash_floors => $11, p_replays => $12)";
 
 impl Db {
     /// Opens a pool of at most `pool_size` connections to `url` (libpq
