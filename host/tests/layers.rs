@@ -8,14 +8,14 @@
 //! - `http/` reaches no feature, except its route table (`http/routes.rs`);
 //! - a feature reaches `http/` only for [`Call`], replies and query
 //!   parameters, and another feature only where its rule names it;
-//! - the core (gateway, shard, fusion, cache, wasm) reaches no feature but
-//!   the push's item, and neither `http/` nor `server/`;
+//! - the core (gateway, shard, fusion, cache, wasm, component) reaches no
+//!   feature but the push's item, and neither `http/` nor `server/`;
 //! - `db/` reaches no feature and nothing above it;
 //! - only `db/`, a feature's `sql.rs`, `payload_sql.rs` and `gateway.rs`
 //!   (which runs a push inside a caller's transaction) use a PostgreSQL
 //!   client crate;
-//! - the core and `db/` know no JSON, except `db/packed.rs`, which packs a
-//!   segment's texts into the arrays the push function takes.
+//! - the core, `server/` and `db/` know no JSON, except `db/packed.rs`,
+//!   which packs a segment's texts into the arrays the push function takes.
 //!
 //! [`Call`]: stile::http::Call
 
@@ -69,38 +69,58 @@ struct SourceFile {
 }
 
 impl SourceFile {
+    /// Every `crate::` path of the file, groups (`crate::{a, b::{c, d}}`,
+    /// over several lines too) taken member by member.
     fn reaches(&self) -> Vec<Reach> {
+        let code = without_comments(&self.text);
         let mut reaches = Vec::new();
-        for (index, line) in self.text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            let mut rest = code;
-            while let Some(at) = rest.find("crate::") {
-                rest = &rest[at + "crate::".len()..];
-                for path in crate_paths(rest) {
-                    let (room, tail) = path.split_once("::").unwrap_or((&path, ""));
-                    reaches.push(Reach { line: index + 1, room: room.to_owned(), rest: tail.to_owned() });
-                }
+        let mut from = 0;
+        while let Some(at) = code[from..].find("crate::") {
+            let start = from + at + "crate::".len();
+            let line = code[..start].matches('\n').count() + 1;
+            for path in crate_paths(&code[start..]) {
+                let (room, tail) = path.split_once("::").unwrap_or((&path, ""));
+                reaches.push(Reach { line, room: room.to_owned(), rest: tail.to_owned() });
             }
+            from = start;
         }
         reaches
     }
 
     fn uses_crate(&self, name: &str) -> bool {
-        self.text.lines().any(|line| {
-            let code = line.split("//").next().unwrap_or("");
-            code.contains(&format!("{name}::")) || code.contains(&format!("use {name};"))
-        })
+        let code = without_comments(&self.text);
+        code.contains(&format!("{name}::")) || code.contains(&format!("use {name};"))
     }
 }
 
+/// `text` with each `//` comment blanked to its line's end, lines kept.
+fn without_comments(text: &str) -> String {
+    text.lines().map(|line| line.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
 /// The paths a `crate::` starts: `a::b` for `crate::a::b`, and each member
-/// for `crate::{a, b::c}`.
+/// of a group, `a` and `b::c` for `crate::{a, b::{c, d}}` (a member's own
+/// group names its room once).
 fn crate_paths(after: &str) -> Vec<String> {
-    if let Some(group) = after.strip_prefix('{') {
-        let inner = group.split('}').next().unwrap_or("");
-        return inner.split(',').map(|member| path_prefix(member.trim())).filter(|p| !p.is_empty()).collect();
+    let Some(group) = after.strip_prefix('{') else { return vec![path_prefix(after)] };
+    let mut members = Vec::new();
+    let mut depth = 0usize;
+    let mut member = String::new();
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                members.push(std::mem::take(&mut member));
+                continue;
+            }
+            _ => {}
+        }
+        member.push(c);
     }
-    vec![path_prefix(after)]
+    members.push(member);
+    members.iter().map(|member| path_prefix(member.trim())).filter(|path| !path.is_empty()).collect()
 }
 
 fn path_prefix(text: &str) -> String {
@@ -212,11 +232,14 @@ fn the_reader_finds_grouped_and_nested_paths() {
     let file = SourceFile {
         path: "http/mod.rs".into(),
         room: "http".into(),
-        text: "use crate::{kv, push::body};\nlet x = crate::timers::route::list; // crate::reads\n".into(),
+        text: "use crate::{kv, push::body};\nlet x = crate::timers::route::list; // crate::reads\nuse crate::{\n    reads::{route, sql},\n    service,\n};\n".into(),
     };
     let reaches: BTreeSet<(String, String)> = file.reaches().into_iter().map(|r| (r.room, r.rest)).collect();
     let expected: BTreeSet<(String, String)> =
-        [("kv", ""), ("push", "body"), ("timers", "route::list")].iter().map(|(a, b)| ((*a).into(), (*b).into())).collect();
+        [("kv", ""), ("push", "body"), ("reads", ""), ("service", ""), ("timers", "route::list")]
+            .iter()
+            .map(|(a, b)| ((*a).into(), (*b).into()))
+            .collect();
     assert_eq!(reaches, expected);
     let broken: Vec<Option<String>> = file.reaches().iter().map(|reach| broken_rule(&file, reach)).collect();
     assert!(broken.iter().all(Option::is_some), "http/mod.rs may not name a feature: {broken:?}");

@@ -337,7 +337,7 @@ BEGIN
     -- empty, and a sequential scan then looks cheapest), so sequential scans
     -- are off for it, and the range is bounded on both sides, which prices it
     -- as narrow: its index is then always the primary key. Sorts are off too:
-    -- priced as narrow, the one-row read below could be planned as a bitmap
+    -- priced as narrow, the one-row reads of the strategies could be planned as a bitmap
     -- scan of the whole span sorted for its first row; without a sort, the
     -- index's own order stops at the first row.
     v_settings := set_config('jit', 'off', true) || set_config('enable_mergejoin', 'off', true)
