@@ -6,8 +6,8 @@
 //!
 //! The rules, from the wire inwards:
 //! - `http/` reaches no feature, except its route table (`http/routes.rs`);
-//! - a feature reaches `http/` only for [`Call`], replies and query
-//!   parameters, and another feature only where its rule names it;
+//! - a feature reaches `http/` only for its `call` ([`Call`]), `reply` and
+//!   `query`, and another feature only where its rule names it;
 //! - the core (gateway, shard, fusion, cache, wasm, component) reaches no
 //!   feature but the push's item, and neither `http/` nor `server/`;
 //! - `db/` reaches no feature and nothing above it;
@@ -171,8 +171,8 @@ fn broken_rule(file: &SourceFile, reach: &Reach) -> Option<String> {
     }
     if FEATURES.contains(&from) && to == "http" {
         let head = reach.rest.split("::").next().unwrap_or("");
-        if !["Call", "reply", "query"].contains(&head) {
-            return Some(format!("a feature reaches http only for Call, reply and query, not {head}"));
+        if !["call", "reply", "query"].contains(&head) {
+            return Some(format!("a feature reaches http only for call, reply and query, not {head}"));
         }
     }
     if CORE.contains(&from) && to == "push" && !reach.rest.starts_with("item") {

@@ -4,7 +4,7 @@ use hyper::StatusCode;
 use serde_json::json;
 
 use super::{ConfigureError, parse_configure};
-use crate::http::Call;
+use crate::http::call::Call;
 use crate::http::reply::{Failure, Reply, json_reply};
 
 /// Stores a queue's options and answers them as stored; the gateway forgets

@@ -7,10 +7,10 @@ use hyper::StatusCode;
 use hyper::body::{Body as _, Incoming};
 use hyper::header::{CONTENT_ENCODING, HeaderMap, HeaderValue};
 
-use super::App;
+use super::config::HttpConfig;
 use super::reply::Failure;
 use crate::api::BadRequest;
-use crate::intake::{Held, Shed, UNDECLARED_FIRST_SLICE_BYTES};
+use crate::intake::{Held, Intake, Shed, UNDECLARED_FIRST_SLICE_BYTES};
 
 /// Reads a body within the size limit and the body's time limit, once the
 /// intake has admitted the request: a body that declares its length takes
@@ -23,26 +23,32 @@ use crate::intake::{Held, Shed, UNDECLARED_FIRST_SLICE_BYTES};
 /// nothing, once its body has been read and thrown away: a connection
 /// closed with a body unread would reset, and the client might lose the
 /// answer that tells it to retry.
-pub async fn read_body(app: &App, headers: &HeaderMap, body: Incoming, held: &mut Held) -> Result<Bytes, Failure> {
+pub async fn read_body(
+    config: &HttpConfig,
+    intake: &Intake,
+    headers: &HeaderMap,
+    body: Incoming,
+    held: &mut Held,
+) -> Result<Bytes, Failure> {
     if let Some(coding) = headers.get(CONTENT_ENCODING).filter(|coding| !is_identity(coding)) {
         return Err(Failure::Status(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!("content-encoding: {coding:?} is not supported; send the body uncompressed"),
         ));
     }
-    let limit = app.config.body_limit;
+    let limit = config.body_limit;
     let too_large = || Failure::from(BadRequest::too_large(format!("body: exceeds the limit of {limit} bytes")));
     let hint = body.size_hint();
     if hint.lower() > limit as u64 {
         return Err(too_large());
     }
     let declared = hint.exact().map(|length| usize::try_from(length).expect("at most the body limit"));
-    let mut body = BodyReader { body, time_limit: app.config.limits.body, client_time_left: app.config.limits.body };
+    let mut body = BodyReader { body, time_limit: config.limits.body, client_time_left: config.limits.body };
     // The first piece is awaited before admission: a client that declares a
     // body and sends none holds no room, only its connection's buffer.
     let first = if declared == Some(0) { None } else { body.next_chunk().await? };
     if first.is_some()
-        && let Err(shed) = app.intake.admit(held, declared.unwrap_or(UNDECLARED_FIRST_SLICE_BYTES)).await
+        && let Err(shed) = intake.admit(held, declared.unwrap_or(UNDECLARED_FIRST_SLICE_BYTES)).await
     {
         drop(first);
         return Err(body.refuse(shed, limit).await);
@@ -56,7 +62,7 @@ pub async fn read_body(app: &App, headers: &HeaderMap, body: Incoming, held: &mu
             return Err(too_large());
         }
         if declared.is_none()
-            && let Err(shed) = app.intake.grow(held, total)
+            && let Err(shed) = intake.grow(held, total)
         {
             drop(chunks);
             *held = Held::default();

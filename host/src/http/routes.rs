@@ -23,7 +23,7 @@
 
 use hyper::Method;
 
-use super::router::Route;
+use super::call::Route;
 use crate::{configure, kv, push, reads, service, timers, transaction};
 
 /// A handler of the table: a feature's `async fn(Call) -> Result<Reply,
@@ -54,3 +54,61 @@ pub static ROUTES: &[Route] = &[
     Route::new(Method::GET, "/health", handler!(service::health)),
     Route::new(Method::GET, "/metrics", handler!(service::metrics)),
 ];
+
+#[cfg(test)]
+mod tests {
+    use hyper::Method;
+
+    use super::ROUTES;
+    use crate::http::call::Matched;
+    use crate::http::router::Unrouted;
+
+    fn route(method: &Method, path: &str) -> Result<Matched, Unrouted> {
+        crate::http::router::route(ROUTES, method, path)
+    }
+
+    /// The pattern of the route `method` and `path` reach.
+    fn reached(method: Method, path: &str) -> Result<&'static str, Unrouted> {
+        route(&method, path).map(|matched| matched.route.pattern)
+    }
+
+    #[test]
+    fn literal_routes_win_over_patterns_and_methods_are_told_apart() {
+        assert_eq!(reached(Method::POST, "/api/v1/push"), Ok("/api/v1/push"));
+        assert_eq!(reached(Method::GET, "/api/v1/messages/by-transaction-id"), Ok("/api/v1/messages/by-transaction-id"));
+        assert_eq!(reached(Method::GET, "/api/v1/push"), Err(Unrouted::MethodNotAllowed(vec![Method::POST])));
+        assert_eq!(reached(Method::GET, "/api/v1/nothing"), Err(Unrouted::NotFound));
+        assert_eq!(reached(Method::GET, "/api/v1/push/extra"), Err(Unrouted::NotFound));
+    }
+
+    #[test]
+    fn a_rest_parameter_keeps_slashes_and_decodes_each_segment() {
+        let matched = route(&Method::GET, "/api/v1/kv/orders/a/b%2Fc%20d").unwrap();
+        assert_eq!((&matched.route.method, matched.route.pattern), (&Method::GET, "/api/v1/kv/{ns}/{*key}"));
+        assert_eq!(matched.param("ns"), "orders");
+        assert_eq!(matched.param("key"), "a/b/c d");
+        let matched = route(&Method::DELETE, "/api/v1/timers/q/k1").unwrap();
+        assert_eq!(matched.route.method, Method::DELETE);
+        assert_eq!(
+            (matched.route.pattern, matched.param("queue"), matched.param("timerKey")),
+            ("/api/v1/timers/{queue}/{*timerKey}", "q", "k1")
+        );
+        assert_eq!(reached(Method::GET, "/api/v1/timers/q"), Ok("/api/v1/timers/{queue}"));
+    }
+
+    #[test]
+    fn empty_parameters_and_bad_encodings_do_not_match() {
+        assert_eq!(reached(Method::GET, "/api/v1/kv/orders/"), Err(Unrouted::NotFound));
+        assert_eq!(reached(Method::GET, "/api/v1/kv//key"), Err(Unrouted::NotFound));
+        assert_eq!(reached(Method::GET, "/api/v1/kv/orders/%FF"), Err(Unrouted::BadParameter("key")));
+        let kv_key = vec![Method::GET, Method::HEAD, Method::PUT, Method::DELETE];
+        assert_eq!(reached(Method::PATCH, "/api/v1/kv/orders/k"), Err(Unrouted::MethodNotAllowed(kv_key)));
+    }
+
+    #[test]
+    fn head_is_served_where_get_is() {
+        assert_eq!(route(&Method::HEAD, "/health").unwrap().route.method, Method::GET);
+        assert_eq!(reached(Method::HEAD, "/api/v1/kv/orders/k"), Ok("/api/v1/kv/{ns}/{*key}"));
+        assert_eq!(reached(Method::HEAD, "/api/v1/push"), Err(Unrouted::MethodNotAllowed(vec![Method::POST])));
+    }
+}

@@ -10,10 +10,11 @@ use hyper::header::{
 };
 use hyper::{Method, Request, Response, StatusCode};
 
-use super::HttpConfig;
 use super::body::is_identity;
+use super::config::HttpConfig;
 use super::reply::{Failure, Reply, error};
 use super::router::{self, Unrouted};
+use super::routes::ROUTES;
 use crate::api::BadRequest;
 
 /// Screens a request's header: answers the origin to serve it with CORS
@@ -31,7 +32,7 @@ pub fn screened(config: &HttpConfig, request: &Request<Incoming>) -> Result<Opti
 /// path's methods, as the router names them for a method it has none of
 /// (`HEAD` left out: a browser sends it without asking).
 pub fn preflight(path: &str) -> Reply {
-    let Err(Unrouted::MethodNotAllowed(allowed)) = router::route(&Method::OPTIONS, path) else {
+    let Err(Unrouted::MethodNotAllowed(allowed)) = router::route(ROUTES, &Method::OPTIONS, path) else {
         return error(StatusCode::NOT_FOUND, &format!("no route for {path}"));
     };
     let methods: Vec<Method> = allowed.into_iter().filter(|method| method != Method::HEAD).collect();

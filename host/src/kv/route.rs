@@ -5,7 +5,7 @@ use hyper::header::{ETAG, HeaderValue};
 use serde_json::{Map, Value, json};
 
 use super::{AnswerLimit, Applied, KvCall, PathVerb, apply, parse_batch, parse_put, path_op};
-use crate::http::Call;
+use crate::http::call::Call;
 use crate::http::reply::{Failure, Reply, json_reply};
 
 /// `POST /api/v1/kv`: operations in one transaction.

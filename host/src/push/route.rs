@@ -4,7 +4,7 @@ use hyper::StatusCode;
 
 use super::{answer, parse_push};
 use crate::gateway::PushFailure;
-use crate::http::Call;
+use crate::http::call::Call;
 use crate::http::reply::{Failure, Reply, json_bytes_reply};
 
 /// Reads the items, pushes them and answers 201 with one entry per item.

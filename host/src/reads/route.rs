@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::{PageBound, StoredMessage};
 use crate::api::{self, BadRequest};
 use crate::hash::txn_hash;
-use crate::http::Call;
+use crate::http::call::Call;
 use crate::http::query::Query;
 use crate::http::reply::{Failure, Reply, json_reply};
 

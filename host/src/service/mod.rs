@@ -7,7 +7,7 @@ use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Response, StatusCode};
 use serde_json::json;
 
-use crate::http::Call;
+use crate::http::call::Call;
 use crate::http::reply::{Failure, Reply, json_reply};
 
 /// `GET /health`: 200 while the database answers, else 503; either way with

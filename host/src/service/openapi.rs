@@ -78,7 +78,7 @@ mod tests {
                     .find(|route| route.method == method && openapi_path(route.pattern) == *path)
                     .unwrap_or_else(|| panic!("{method} {path} is described but has no route"));
                 let (concrete, params) = example_path(path);
-                let matched = router::route(&method, &concrete).unwrap_or_else(|e| panic!("{method} {concrete}: {e:?}"));
+                let matched = router::route(ROUTES, &method, &concrete).unwrap_or_else(|e| panic!("{method} {concrete}: {e:?}"));
                 assert!(std::ptr::eq(matched.route, declared), "{method} {concrete} reaches another route");
                 for (name, value) in &params {
                     assert_eq!(matched.param(name), value, "{method} {path}: parameter {name}");

@@ -1,65 +1,13 @@
-//! Partitions whose row lock another session holds: a bundle whose lock wait
-//! outlasts `--lock-timeout` goes again without them, and they go out on
-//! their own, one at a time, on a connection of their own.
+//! Partitions whose row lock another session holds (found when a bundle's
+//! lock wait outlasts `--lock-timeout`, see [`super::push`]): they go out on
+//! their own, one at a time, on a connection of their own, until one gets
+//! through.
 
-use super::flush::{Pushed, push_one_by_one};
 use super::*;
 
 /// The connection of a shard's pool that pushes contended partitions, one
 /// segment at a time (see [`PartitionState::contended`]).
 pub(super) const CONTENDED_CONNECTIONS: usize = 1;
-
-/// After a bundle's lock wait timed out (it wrote nothing: it was one
-/// transaction), asks PostgreSQL which of its partitions another session
-/// holds, fails their segments (503, a retry is safe) and pushes the others
-/// again without them, once. When none is found locked (a table lock, or a
-/// wait that has passed), every segment fails as unavailable.
-pub(super) async fn push_around_locks(
-    db: &Db,
-    metrics: &Metrics,
-    clock_floor: ClockFloor,
-    pushes: &[SegmentPush],
-    error: &DbError,
-) -> Pushed {
-    metrics.bundle_lock_timeout();
-    let mut partition_ids: Vec<i64> = pushes.iter().map(|p| p.partition_id).collect();
-    partition_ids.dedup();
-    let locked_elsewhere = db.partitions_locked_elsewhere(&partition_ids).await.unwrap_or_else(|asking| {
-        if let Some(occurrences) = LOCKS_UNKNOWN.occurred() {
-            tracing::warn!(error = %asking, occurrences, "cannot tell which partitions are locked elsewhere");
-        }
-        Vec::new()
-    });
-    if let Some(occurrences) = LOCK_WAIT_TIMED_OUT.occurred() {
-        tracing::warn!(error = %error, segments = pushes.len(), ?locked_elsewhere, occurrences, "a bundle's lock wait timed out");
-    }
-    if locked_elsewhere.is_empty() {
-        return Pushed { results: vec![Err(PushFailure::from(error)); pushes.len()], locked_elsewhere };
-    }
-    let locked = |push: &SegmentPush| locked_elsewhere.contains(&push.partition_id);
-    let free: Vec<SegmentPush> = pushes.iter().filter(|push| !locked(push)).cloned().collect();
-    let free_results = if free.is_empty() {
-        Vec::new()
-    } else {
-        match db.push_bundle(clock_floor, &free).await {
-            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-            Err(error) => push_one_by_one(db, metrics, clock_floor, &free, &error).await,
-        }
-    };
-    let mut free_results = free_results.into_iter();
-    let locked_failure = PushFailure::Unavailable(format!("the partition's row is locked by another session ({error})"));
-    let results = pushes
-        .iter()
-        .map(|push| {
-            if locked(push) {
-                Err(locked_failure.clone())
-            } else {
-                free_results.next().expect("one result per segment pushed again")
-            }
-        })
-        .collect();
-    Pushed { results, locked_elsewhere }
-}
 
 impl Worker {
     /// Sends the next segment of the contended partition whose turn it is,

@@ -1,73 +1,10 @@
 //! Flushing: the ready partitions' segments out as one bundle, and each
 //! bundle's outcome back to its requests and the cache.
 
-use super::contended::push_around_locks;
 use super::hydrate::needs_hydration;
 use super::plan::PlannedBundle;
+use super::push::{Pushed, push_isolating};
 use super::*;
-
-/// What became of a bundle: one result per segment, in order, and the
-/// partitions found locked by another session.
-pub(super) struct Pushed {
-    pub(super) results: Vec<Result<SegmentOutcome, PushFailure>>,
-    pub(super) locked_elsewhere: Vec<i64>,
-}
-
-/// Pushes a bundle and answers each of its segments, in order.
-///
-/// A bundle whose wait for a row lock outlasted the lock timeout goes to
-/// [`push_around_locks`]. When PostgreSQL refuses the bundle for a reason
-/// that may belong to one segment, [`push_one_by_one`] isolates it.
-pub(super) async fn push_isolating(db: &Db, metrics: &Metrics, clock_floor: ClockFloor, pushes: &[SegmentPush]) -> Pushed {
-    match db.push_bundle(clock_floor, pushes).await {
-        Ok(outcomes) => Pushed { results: outcomes.into_iter().map(Ok).collect(), locked_elsewhere: Vec::new() },
-        Err(error) if error.is_lock_timeout() => push_around_locks(db, metrics, clock_floor, pushes, &error).await,
-        Err(error) => {
-            Pushed { results: push_one_by_one(db, metrics, clock_floor, pushes, &error).await, locked_elsewhere: Vec::new() }
-        }
-    }
-}
-
-/// After PostgreSQL refused a bundle with `error`: when the refusal may
-/// belong to one segment (anything but the database being unavailable),
-/// each segment is pushed again on its own, in order, so that a message
-/// PostgreSQL cannot take fails its own segment's requests and no other.
-/// The refused bundle wrote nothing (it was one transaction), and a segment
-/// pushed alone keeps its plan: a later segment of a partition is probed
-/// above `p_verified`, which covers whatever an earlier one stored or did
-/// not.
-pub(super) async fn push_one_by_one(
-    db: &Db,
-    metrics: &Metrics,
-    clock_floor: ClockFloor,
-    pushes: &[SegmentPush],
-    error: &DbError,
-) -> Vec<Result<SegmentOutcome, PushFailure>> {
-    if error.is_unavailable() || pushes.len() == 1 {
-        if let Some(occurrences) = BUNDLE_FAILED.occurred() {
-            tracing::warn!(error = %error, segments = pushes.len(), occurrences, "bundle failed");
-        }
-        return vec![Err(PushFailure::from(error)); pushes.len()];
-    }
-    if let Some(occurrences) = BUNDLE_REFUSED.occurred() {
-        tracing::warn!(error = %error, segments = pushes.len(), occurrences, "bundle refused; pushing its segments one by one");
-    }
-    metrics.bundle_split();
-    let mut results = Vec::with_capacity(pushes.len());
-    for push in pushes {
-        let result = match db.push_bundle(clock_floor, std::slice::from_ref(push)).await {
-            Ok(mut outcomes) => Ok(outcomes.pop().expect("the push function answers its one segment")),
-            Err(error) => {
-                if let Some(occurrences) = SEGMENT_REFUSED.occurred() {
-                    tracing::warn!(error = %error, partition_id = push.partition_id, occurrences, "segment refused");
-                }
-                Err(PushFailure::from(&error))
-            }
-        };
-        results.push(result);
-    }
-    results
-}
 
 /// The hashes of a segment's stored messages, in offset order: what the
 /// cache records for the commit.

@@ -21,14 +21,16 @@
 //! This module holds the worker, its queues and its handle; the worker's
 //! jobs each have a file: [`plan`] (what the cache vouches for, and the cuts
 //! that let it vouch for more), [`flush`] (bundles out, their outcomes back
-//! to the requests and the cache), [`contended`] (partitions another session
-//! holds), [`hydrate`] and [`clock`].
+//! to the requests and the cache), [`push`] (one bundle's call, a refused
+//! segment isolated, locked partitions left out), [`contended`] (partitions
+//! another session holds), [`hydrate`] and [`clock`].
 
 mod clock;
 mod contended;
 mod flush;
 mod hydrate;
 mod plan;
+mod push;
 
 use clock::{wall_clock_ms, warn_clock_offset};
 use contended::CONTENDED_CONNECTIONS;

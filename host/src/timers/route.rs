@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::{PageQuery, apply, cancel_op, list as list_page, parse_batch, peek as peek_one};
 use crate::api;
-use crate::http::Call;
+use crate::http::call::Call;
 use crate::http::reply::{Failure, Reply, json_reply};
 use crate::kv::Key;
 

@@ -3,7 +3,7 @@
 use hyper::StatusCode;
 
 use super::{parse, run};
-use crate::http::Call;
+use crate::http::call::Call;
 use crate::http::reply::{Failure, Reply, json_reply};
 use crate::kv::route::answer_limit;
 
