@@ -105,7 +105,7 @@ async fn slow_bodies_that_hold_the_large_share_do_not_stall_a_small_push() {
     // The first slow body ends: it is stored, and the second is let in.
     let mut first = slow.remove(0);
     first.write_all(&big.as_bytes()[big.len() - 10..]).await.expect("send the rest");
-    let answer = read_response(&mut first).await;
+    let answer = read_response(&mut first, &gw).await;
     assert!(answer.starts_with("HTTP/1.1 201"), "{}", &answer[..answer.len().min(300)]);
     wait_for(&mut observer, "stile_requests_waiting_for_room", 0.0).await;
     eprintln!("the bystander's push took {took:?} beside two slow bodies");
@@ -176,7 +176,7 @@ async fn a_body_sent_without_a_length_is_read_and_stored() {
         stream.write_all(b"\r\n").await.expect("a chunk's end");
     }
     stream.write_all(b"0\r\n\r\n").await.expect("the last chunk");
-    let answer = read_response(&mut stream).await;
+    let answer = read_response(&mut stream, &gw).await;
     assert!(answer.starts_with("HTTP/1.1 201"), "{}", &answer[..answer.len().min(300)]);
     assert_eq!(answer.matches(r#""status":"queued""#).count(), 2000);
 }
@@ -224,7 +224,7 @@ async fn a_body_declared_over_the_limit_is_refused_before_it_waits_or_is_read() 
     let mut slow = TcpStream::connect(gw.addr()).await.expect("connect");
     let head = "POST /api/v1/push HTTP/1.1\r\nhost: stile\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n";
     slow.write_all(head.as_bytes()).await.expect("send the head");
-    let reply = read_response(&mut slow).await;
+    let reply = read_response(&mut slow, &gw).await;
     assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
     assert!(reply.contains("body: exceeds the limit of 4096 bytes"), "{reply}");
     let mut observer = gw.client().await;
@@ -268,12 +268,15 @@ async fn wait_for(observer: &mut Client, series: &str, value: f64) {
 
 /// Reads one HTTP response whose body ends the read (the test's requests get
 /// small JSON answers, the big one in a few reads): head and body as text.
-async fn read_response(stream: &mut TcpStream) -> String {
+async fn read_response(stream: &mut TcpStream, gw: &Gateway) -> String {
     let mut bytes = Vec::new();
     let mut buf = [0u8; 65536];
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let n = tokio::time::timeout_at(deadline.into(), stream.read(&mut buf)).await.expect("an answer").expect("read");
+        let n = tokio::time::timeout_at(deadline.into(), stream.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no answer within 20 s; the gateway's log:\n{}", gw.logs()))
+            .expect("read");
         bytes.extend_from_slice(&buf[..n]);
         let text = String::from_utf8_lossy(&bytes);
         if let Some((head, body)) = text.split_once("\r\n\r\n") {
