@@ -235,7 +235,10 @@ impl GatewaySpec {
         GatewaySpec::plain(label).flag("inject-guest-traps-per-million", per_million)
     }
 
-    /// A gateway with a cache budget of `mb` MiB over `shards` shards.
+    /// A gateway with a cache budget of `mb` MiB over `shards` shards. Each
+    /// shard keeps up to its bundles in flight and three more connections to
+    /// PostgreSQL of its own: a few shards keep a run of three gateways within
+    /// PostgreSQL's default `max_connections` (100).
     pub fn tiny_cache(label: &str, mb: u64, shards: usize) -> GatewaySpec {
         GatewaySpec::plain(label).flag("cache-mb", mb).flag("shards", shards)
     }

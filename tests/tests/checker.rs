@@ -1,5 +1,5 @@
 //! The exactness checker, short form: three gateways on one database — one
-//! trapping 2 % of its guest calls, one with a 1 MiB cache budget, one plain,
+//! trapping 2 % of its guest calls, one with a 1 MiB cache budget over 8 shards, one plain,
 //! the last two with wall clocks two hours (two windows) ahead of and behind
 //! PostgreSQL's that swap halfway — six producers with retries and repeats,
 //! two producers of a retry storm (replaying their own stored ids as fast as
@@ -26,7 +26,7 @@ async fn exact_under_kills_guest_traps_a_tiny_cache_clock_jumps_window_changes_a
     let two_windows = 2 * i64::from(config.long_window_seconds);
     config.gateways = vec![
         GatewaySpec::traps("g0-traps", 20_000),
-        GatewaySpec::tiny_cache("g1-tiny", 1, 32).clock(ClockSkew::jumping(&[two_windows, -two_windows])),
+        GatewaySpec::tiny_cache("g1-tiny", 1, 8).clock(ClockSkew::jumping(&[two_windows, -two_windows])),
         GatewaySpec::plain("g2").clock(ClockSkew::jumping(&[-two_windows, two_windows])),
     ];
     config.faults = Faults {

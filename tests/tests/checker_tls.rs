@@ -18,7 +18,7 @@ async fn exact_over_tls_under_kills_guest_traps_a_tiny_cache_and_window_changes(
     let url = tls.url("localhost", OPEN_DATABASE, &format!("sslmode=verify-full&sslrootcert={}", tls.ca_file.display()));
     let mut config = Config::new(&url, Duration::from_secs(20));
     config.gateways =
-        vec![GatewaySpec::traps("g0-traps", 20_000), GatewaySpec::tiny_cache("g1-tiny", 1, 32), GatewaySpec::plain("g2")];
+        vec![GatewaySpec::traps("g0-traps", 20_000), GatewaySpec::tiny_cache("g1-tiny", 1, 8), GatewaySpec::plain("g2")];
     config.faults = Faults {
         kill_every: Some(Duration::from_secs(6)),
         kill_downtime: Duration::from_millis(700),
