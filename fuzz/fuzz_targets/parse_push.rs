@@ -26,19 +26,17 @@ mod api;
 #[allow(dead_code, clippy::all)]
 #[path = "../../host/src/payload.rs"]
 mod payload;
-/// `host/src/push/`'s readers and item; the paths are relative to
-/// `fuzz_targets/push/`, as an inline module's are.
-mod push {
-    #[allow(dead_code, clippy::all)]
-    #[path = "../../../host/src/push/body.rs"]
-    pub mod body;
-    #[allow(dead_code, clippy::all)]
-    #[path = "../../../host/src/push/item.rs"]
-    pub mod item;
-    #[allow(dead_code, clippy::all)]
-    #[path = "../../../host/src/push/stepwise.rs"]
-    pub mod stepwise;
-}
+// `host/src/push/`'s readers and item, as modules of the crate's root: their
+// `super::` paths then name each other.
+#[allow(dead_code, clippy::all)]
+#[path = "../../host/src/push/body.rs"]
+mod body;
+#[allow(dead_code, clippy::all)]
+#[path = "../../host/src/push/item.rs"]
+mod item;
+#[allow(dead_code, clippy::all)]
+#[path = "../../host/src/push/stepwise.rs"]
+mod stepwise;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, body)) = data.split_first() else { return };
@@ -59,7 +57,7 @@ fuzz_target!(|data: &[u8]| {
         body
     };
     let body = &bytes::Bytes::copy_from_slice(body);
-    match push::body::parse_push(body, max_items) {
+    match body::parse_push(body, max_items) {
         Ok(items) => {
             assert!(!items.is_empty() && items.len() <= max_items, "{} items accepted with max_items {max_items}", items.len());
             for item in &items {

@@ -25,19 +25,17 @@ mod api;
 #[allow(dead_code, clippy::all)]
 #[path = "../../host/src/payload.rs"]
 mod payload;
-/// `host/src/push/`'s readers and item; the paths are relative to
-/// `fuzz_targets/push/`, as an inline module's are.
-mod push {
-    #[allow(dead_code, clippy::all)]
-    #[path = "../../../host/src/push/body.rs"]
-    pub mod body;
-    #[allow(dead_code, clippy::all)]
-    #[path = "../../../host/src/push/item.rs"]
-    pub mod item;
-    #[allow(dead_code, clippy::all)]
-    #[path = "../../../host/src/push/stepwise.rs"]
-    pub mod stepwise;
-}
+// `host/src/push/`'s readers and item, as modules of the crate's root: their
+// `super::` paths then name each other.
+#[allow(dead_code, clippy::all)]
+#[path = "../../host/src/push/body.rs"]
+mod body;
+#[allow(dead_code, clippy::all)]
+#[path = "../../host/src/push/item.rs"]
+mod item;
+#[allow(dead_code, clippy::all)]
+#[path = "../../host/src/push/stepwise.rs"]
+mod stepwise;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, body)) = data.split_first() else { return };
@@ -63,10 +61,10 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn push(body: &Bytes, max_items: usize) {
-    let stepwise = push::stepwise::parse_push(body, max_items);
-    let one_pass = ByteString::try_from(body.clone()).ok().and_then(|text| push::body::read_push(&text, max_items));
+    let stepwise = stepwise::parse_push(body, max_items);
+    let one_pass = ByteString::try_from(body.clone()).ok().and_then(|text| body::read_push(&text, max_items));
     same(&stepwise, one_pass.as_deref());
-    assert_eq!(push::body::parse_push(body, max_items), stepwise);
+    assert_eq!(body::parse_push(body, max_items), stepwise);
 }
 
 /// A transaction's items: an array inside a body serde_json has captured.
@@ -76,13 +74,13 @@ fn items(body: &Bytes, max_items: usize) {
     if !raw.get().starts_with('[') {
         return;
     }
-    let stepwise = push::stepwise::parse_items("operations[0].", raw, max_items);
-    let one_pass = push::body::read_items(&text, raw, max_items);
+    let stepwise = stepwise::parse_items("operations[0].", raw, max_items);
+    let one_pass = body::read_items(&text, raw, max_items);
     same(&stepwise, one_pass.as_deref());
-    assert_eq!(push::body::parse_items("operations[0].", &text, raw, max_items), stepwise);
+    assert_eq!(body::parse_items("operations[0].", &text, raw, max_items), stepwise);
 }
 
-fn same(stepwise: &Result<Vec<push::item::PushItem>, api::BadRequest>, one_pass: Option<&[push::item::PushItem]>) {
+fn same(stepwise: &Result<Vec<item::PushItem>, api::BadRequest>, one_pass: Option<&[item::PushItem]>) {
     match (stepwise, one_pass) {
         (Ok(expected), Some(found)) => assert_eq!(expected.as_slice(), found),
         (Err(_), None) => {}
