@@ -5,7 +5,6 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt as _;
 use hyper::StatusCode;
 use hyper::body::{Body as _, Incoming};
-use hyper::header::{CONTENT_ENCODING, HeaderMap, HeaderValue};
 
 use super::config::HttpConfig;
 use super::reply::Failure;
@@ -17,25 +16,14 @@ use crate::intake::{Held, Intake, Shed, UNDECLARED_FIRST_SLICE_BYTES};
 /// its whole charge once its first piece has arrived and before more is
 /// read; one sent without a length is admitted for a first slice and grows
 /// into free room. A body whose declared length is over the limit is
-/// refused before anything is read.
+/// refused before anything is read. A coding other than `identity` never
+/// reaches here: the screen refuses it before routing.
 ///
 /// A request refused room is answered 503 with `Retry-After`, holding
 /// nothing, once its body has been read and thrown away: a connection
 /// closed with a body unread would reset, and the client might lose the
 /// answer that tells it to retry.
-pub async fn read_body(
-    config: &HttpConfig,
-    intake: &Intake,
-    headers: &HeaderMap,
-    body: Incoming,
-    held: &mut Held,
-) -> Result<Bytes, Failure> {
-    if let Some(coding) = headers.get(CONTENT_ENCODING).filter(|coding| !is_identity(coding)) {
-        return Err(Failure::Status(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!("content-encoding: {coding:?} is not supported; send the body uncompressed"),
-        ));
-    }
+pub async fn read_body(config: &HttpConfig, intake: &Intake, body: Incoming, held: &mut Held) -> Result<Bytes, Failure> {
     let limit = config.body_limit;
     let too_large = || Failure::from(BadRequest::too_large(format!("body: exceeds the limit of {limit} bytes")));
     let hint = body.size_hint();
@@ -72,13 +60,6 @@ pub async fn read_body(
         next = body.next_chunk().await?;
     }
     Ok(without_byte_order_mark(concat(chunks, total)))
-}
-
-/// Whether a `Content-Encoding` says the body is as sent (`identity`), the
-/// only coding the gateway reads: a compressed body read as JSON would be
-/// refused as malformed, which names the wrong cause.
-pub fn is_identity(coding: &HeaderValue) -> bool {
-    coding.to_str().is_ok_and(|coding| coding.trim().eq_ignore_ascii_case("identity"))
 }
 
 /// A request's body, read within its time limit, which counts only the

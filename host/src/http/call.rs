@@ -48,9 +48,7 @@ impl<'a> Call<'a> {
     pub fn new(app: &'a App, parts: Parts, matched: Matched, body: Incoming, held: &'a mut Held) -> Call<'a> {
         Call { app, parts, matched, body: Some(body), held }
     }
-}
 
-impl Call<'_> {
     /// A path parameter the route's pattern names.
     pub fn param(&self, name: &str) -> &str {
         self.matched.param(name)
@@ -65,7 +63,7 @@ impl Call<'_> {
     /// it (see [`body::read_body`]).
     pub async fn body(&mut self) -> Result<Bytes, Failure> {
         let body = self.body.take().expect("a request's body is read once");
-        body::read_body(&self.app.config, &self.app.intake, &self.parts.headers, body, self.held).await
+        body::read_body(&self.app.config, &self.app.intake, body, self.held).await
     }
 
     /// Reserves room for a read's answer (the answer limit, or what is free

@@ -10,7 +10,6 @@ use hyper::header::{
 };
 use hyper::{Method, Request, Response, StatusCode};
 
-use super::body::is_identity;
 use super::config::HttpConfig;
 use super::reply::{Failure, Reply, error};
 use super::router::{self, Unrouted};
@@ -136,4 +135,11 @@ fn browser_origin(config: &HttpConfig, request: &Request<Incoming>) -> Result<Op
 /// much of a guessed token was right.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether a `Content-Encoding` says the body is as sent (`identity`), the
+/// only coding the gateway reads: a compressed body read as JSON would be
+/// refused as malformed, which names the wrong cause.
+fn is_identity(coding: &HeaderValue) -> bool {
+    coding.to_str().is_ok_and(|coding| coding.trim().eq_ignore_ascii_case("identity"))
 }
