@@ -78,18 +78,23 @@ async fn slow_bodies_that_hold_the_large_share_do_not_stall_a_small_push() {
     let mut observer = gw.client().await;
     // Two bodies declared at 1.5 MB each (charged 3.5 MiB, all the large
     // share), each sent but for its last bytes: the first is admitted, the
-    // second waits for room.
+    // second waits for room. The second is sent only once the first holds
+    // its charge, so that which of the two is admitted is not left to the
+    // order in which the gateway reads two heads that arrive together.
     let big = push_body("slow", 4000);
     assert!(big.len() > 1_300_000, "{}", big.len());
     let mut slow = Vec::new();
-    for _ in 0..2 {
+    for waiting in [0.0, 1.0] {
         let mut stream = TcpStream::connect(gw.addr()).await.expect("connect");
         let head = format!("POST /api/v1/push HTTP/1.1\r\nhost: stile\r\ncontent-length: {}\r\n\r\n", big.len());
         stream.write_all(head.as_bytes()).await.expect("send the head");
         stream.write_all(&big.as_bytes()[..big.len() - 10]).await.expect("send most of the body");
         slow.push(stream);
+        if waiting == 0.0 {
+            wait_for_at_least(&mut observer, "stile_held_request_bytes", big.len() as f64).await;
+        }
+        wait_for(&mut observer, "stile_requests_waiting_for_room", waiting).await;
     }
-    wait_for(&mut observer, "stile_requests_waiting_for_room", 1.0).await;
 
     let sent = Instant::now();
     let mut bystander = gw.client().await;
