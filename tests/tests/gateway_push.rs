@@ -383,6 +383,81 @@ async fn requests_replaying_ids_of_many_requests_answer_each_with_its_original()
     assert_eq!(stored_counts(&t, "storm").await, (2 * STORED as i64, 2 * STORED as i64));
 }
 
+/// A retry storm beside fresh traffic: single-message requests replaying
+/// stored ids and pushing new ones to the same partitions at once, so that
+/// the shard's bundles hold segments of both (replays judged without the
+/// lock, fresh ids under it, in one call). Every replay answers duplicate
+/// with its own original; every new id is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_beside_fresh_pushes_answer_their_originals_and_fresh_ids_are_stored_once() {
+    const PARTITIONS: usize = 4;
+    const STORED: usize = 40;
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 20;
+    let t = fresh_database().await;
+    let gw = Gateway::start_with(&t.url(), &GatewayOptions { shards: Some(1), ..GatewayOptions::default() }).await;
+    let mut client = gw.client().await;
+    let mut originals: Vec<Answer> = Vec::new();
+    for i in 0..PARTITIONS * STORED {
+        let partition = format!("p{}", i % PARTITIONS);
+        originals.push(client.push(vec![item("mixed", &partition, Some(&format!("stored-{i}")), json!(i))]).await.remove(0));
+    }
+    assert!(originals.iter().all(Answer::queued));
+    let originals = Arc::new(originals);
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let (barrier, originals, mut client) = (barrier.clone(), originals.clone(), gw.client().await);
+        tasks.push(tokio::spawn(async move {
+            // Answers are checked once every task is done: a task that
+            // stopped early would leave the others waiting at the barrier.
+            let mut answered = Vec::new();
+            for round in 0..ROUNDS {
+                barrier.wait().await;
+                let (i, partition, id) = if task % 2 == 0 {
+                    let i = (round * TASKS + task) * 37 % originals.len();
+                    (Some(i), format!("p{}", i % PARTITIONS), format!("stored-{i}"))
+                } else {
+                    (None, format!("p{}", task % PARTITIONS), format!("fresh-{round}-{task}"))
+                };
+                let answer = client.try_push(vec![item("mixed", &partition, Some(&id), json!(round))]).await;
+                answered.push((i, id, answer));
+            }
+            answered
+        }));
+    }
+    let mut fresh = 0;
+    for task in tasks {
+        for (i, id, answer) in task.await.expect("a pushing task") {
+            let answer = answer.expect("a push").remove(0);
+            match i {
+                Some(i) => {
+                    let original = &originals[i];
+                    assert_eq!(answer.status, "duplicate", "{id}: {answer:?}");
+                    assert_eq!((&answer.message_id, answer.offset), (&original.message_id, original.offset), "{id}");
+                }
+                None => {
+                    assert_eq!(answer.status, "queued", "{id}: {answer:?}");
+                    fresh += 1;
+                }
+            }
+        }
+    }
+    let stored = (PARTITIONS * STORED + fresh) as i64;
+    assert_eq!(stored_counts(&t, "mixed").await, (stored, stored));
+    let c = t.client().await;
+    let twice: i64 = c
+        .query_one(
+            "SELECT count(*) FROM (SELECT partition, transaction_id FROM stile.messages WHERE queue = 'mixed' \
+              GROUP BY 1, 2 HAVING count(*) > 1) AS d",
+            &[],
+        )
+        .await
+        .expect("count ids stored twice")
+        .get(0);
+    assert_eq!(twice, 0, "no id is stored twice");
+}
+
 /// The names of a process's threads, as Linux reports them.
 fn thread_names(pid: i32) -> Vec<String> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the gateway's threads");
