@@ -3,6 +3,8 @@
 //! is answered from committed rows only when every hash is found there, and
 //! otherwise takes the lock, so that a first push still in flight, a
 //! rollback, or a new id among the replays is decided exactly as before.
+//! A bundle's lone replays (segments of one message, narrowed by the cache)
+//! are first judged together in one statement (`stile.lone_replays_found`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -133,6 +135,247 @@ async fn a_replay_of_a_first_push_in_flight_waits_for_it() {
         let c = t.client().await;
         assert_eq!(stored(&c).await[&(p.id, "x".to_owned())].len(), 1);
     }
+}
+
+/// A lone replay (one message, every hash one the cache has seen) floored
+/// at `p_verified`.
+fn lone_replay(partition_id: i64, id: &str, p_verified: i64) -> SegmentPush {
+    SegmentPush { replays: true, ..segment(partition_id, &[id], p_verified, 3600) }
+}
+
+/// How often each of `functions` (in schema stile) was called so far in the
+/// transaction `tx`, whose function statistics are on.
+async fn calls_in(tx: &tokio_postgres::Transaction<'_>, functions: &[&str]) -> Vec<i64> {
+    let mut calls = Vec::new();
+    for function in functions {
+        let n: Option<i64> = tx
+            .query_one(
+                "SELECT sum(calls)::bigint FROM pg_stat_xact_user_functions WHERE schemaname = 'stile' AND funcname = $1",
+                &[function],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        calls.push(n.unwrap_or(0));
+    }
+    calls
+}
+
+/// Lone replays of two partitions, floored at or below their originals (in
+/// the first row above the floor, or rows further up), judged in one
+/// statement while another session holds both partitions' row locks: each
+/// answers its original, none is probed on its own, and the call takes no
+/// transaction id.
+#[tokio::test]
+async fn a_bundles_lone_replays_are_judged_together_without_the_lock() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap().id;
+    let q = t.db.resolve_partition("q", "q").await.unwrap().id;
+    let mut originals: HashMap<&str, (i64, uuid::Uuid)> = HashMap::new();
+    for (partition, rows) in [(p, vec![vec!["a", "b"], vec!["c"], vec!["d", "e", "f"], vec!["g"]]), (q, vec![vec!["w"], vec!["x", "y"]])] {
+        let mut offset = 0;
+        for ids in rows {
+            let s = segment(partition, &ids, -1, 3600);
+            t.db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(&s)).await.unwrap();
+            for (k, id) in ids.into_iter().enumerate() {
+                originals.insert(id, (offset, s.message_ids[k]));
+                offset += 1;
+            }
+        }
+    }
+    let mut holder = t.client().await;
+    let held = holder.transaction().await.unwrap();
+    held.execute("SELECT 1 FROM stile.partitions WHERE id = ANY($1) FOR UPDATE", &[&vec![p, q]]).await.unwrap();
+
+    // The floors: just below the original, at the start of its row, and
+    // rows below it.
+    let bundle = [
+        lone_replay(p, "b", 0),
+        lone_replay(p, "e", 2),
+        lone_replay(p, "g", 0),
+        lone_replay(q, "x", 0),
+        lone_replay(q, "y", 0),
+    ];
+    let mut replayer = t.db.pool().get().await.unwrap();
+    let tx = replayer.transaction().await.unwrap();
+    tx.execute("SET LOCAL track_functions = 'pl'", &[]).await.unwrap();
+    let out = promptly("lone replays beside held locks", push_on(&tx, ClockFloor::EPOCH, &bundle)).await.unwrap();
+    let calls = calls_in(&tx, &["lone_replays_found", "found_committed", "probe"]).await;
+    let assigned: Option<i64> = tx.query_one("SELECT txid_current_if_assigned()::text::bigint", &[]).await.unwrap().get(0);
+    tx.commit().await.unwrap();
+    held.rollback().await.unwrap();
+
+    for (s, o) in bundle.iter().zip(&out) {
+        let id = s.transaction_ids[0].to_string();
+        let (offset, message_id) = originals[id.as_str()];
+        assert_eq!(o.probe, ProbeMode::Committed, "{id}");
+        assert_eq!(
+            o.per_message(1),
+            vec![MessageOutcome::Duplicate(stile::db::Duplicate { index: 0, offset, message_id })],
+            "{id}"
+        );
+    }
+    assert_eq!(calls, vec![1, 0, 0], "one statement for every lone replay, no probe of its own");
+    assert_eq!(assigned, None, "the verdict took no transaction id");
+}
+
+/// Lone replays the one statement must leave to the probe and the lock: an
+/// original outside the window (its row aged past it), one in a row too
+/// large to read whole, one past the rows it reads above the floor, a floor
+/// of no vouch, and an id never stored. None is claimed there; each is
+/// answered as under the lock: the aged one and the new one stored, the
+/// others their originals.
+#[tokio::test]
+async fn lone_replays_it_cannot_prove_are_left_to_the_probe_and_the_lock() {
+    let t = TestDb::new().await;
+    let p = t.db.resolve_partition("q", "p").await.unwrap().id;
+    let aged = segment(p, &["z", "old"], -1, 3600);
+    t.db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(&aged)).await.unwrap();
+    let c = t.client().await;
+    c.execute("UPDATE stile.log SET created_at = created_at - interval '2 hours' WHERE partition_id = $1", &[&p]).await.unwrap();
+    // Offsets 2 ..= 301, one row.
+    let large: Vec<String> = (0..300).map(|i| format!("large{i}")).collect();
+    let large = segment(p, &large.iter().map(String::as_str).collect::<Vec<_>>(), -1, 3600);
+    t.db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(&large)).await.unwrap();
+    // Offsets 302 ..= 341, a row each.
+    let mut single = Vec::new();
+    for i in 0..40 {
+        let s = segment(p, &[&format!("single{i}")], -1, 3600);
+        t.db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(&s)).await.unwrap();
+        single.push(s);
+    }
+    let bundle = [
+        lone_replay(p, "old", 0),
+        lone_replay(p, "large5", 1),
+        lone_replay(p, "single39", 301),
+        lone_replay(p, "single0", -1),
+        lone_replay(p, "never", 5),
+    ];
+    let mut replayer = t.db.pool().get().await.unwrap();
+    let tx = replayer.transaction().await.unwrap();
+    tx.execute("SET LOCAL track_functions = 'pl'", &[]).await.unwrap();
+    let out = push_on(&tx, ClockFloor::EPOCH, &bundle).await.unwrap();
+    let calls = calls_in(&tx, &["lone_replays_found"]).await;
+    tx.commit().await.unwrap();
+
+    assert_eq!(calls, vec![1]);
+    assert!(out.iter().all(|o| o.probe != ProbeMode::Committed), "{:?}", out.iter().map(|o| o.probe).collect::<Vec<_>>());
+    let duplicate = |offset, message_id| vec![MessageOutcome::Duplicate(stile::db::Duplicate { index: 0, offset, message_id })];
+    assert_eq!(out[0].per_message(1), vec![MessageOutcome::Stored { offset: 342 }], "outside the window: new");
+    assert_eq!(out[1].per_message(1), duplicate(7, large.message_ids[5]));
+    assert_eq!(out[2].per_message(1), duplicate(341, single[39].message_ids[0]));
+    assert_eq!(out[3].per_message(1), duplicate(302, single[0].message_ids[0]));
+    assert_eq!(out[4].per_message(1), vec![MessageOutcome::Stored { offset: 343 }], "never stored: new");
+}
+
+/// Pushers storing fresh ids beside replayers sending bundles of lone
+/// replays with the floors a cache could give: below the original where the
+/// id was committed when the floor was chosen, else at most the allocator
+/// then (a first push in flight, or an id never pushed, marked a replay as
+/// a cache's false positive would be). Every answer is held against the
+/// model, what the database stores at the end: each id stored once, a
+/// duplicate naming that one original.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lone_replays_beside_first_pushes_answer_as_what_is_stored() {
+    const PUSHERS: u64 = 4;
+    const REPLAYERS: u64 = 4;
+    const BUNDLES: usize = 40;
+    const FRESH: usize = 120;
+    let t = TestDb::with_pool(2 * (PUSHERS + REPLAYERS) as usize).await;
+    let partitions = [t.db.resolve_partition("q", "a").await.unwrap().id, t.db.resolve_partition("q", "b").await.unwrap().id];
+    let mut rng = SmallRng::seed_from_u64(0x10e5);
+    for &pid in &partitions {
+        let mut n = 0;
+        while n < 100 {
+            let ids: Vec<String> = (n..n + rng.random_range(1..6)).map(|i| format!("pre-{i}")).collect();
+            n += ids.len();
+            let s = segment(pid, &ids.iter().map(String::as_str).collect::<Vec<_>>(), -1, 3600);
+            t.db.push_bundle(ClockFloor::EPOCH, &[s]).await.unwrap();
+        }
+    }
+    let mut tasks = Vec::new();
+    for pusher in 0..PUSHERS {
+        let db = t.db.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = SmallRng::seed_from_u64(0xf2e5 + pusher);
+            let mut answers = Vec::new();
+            for _ in 0..BUNDLES {
+                let pid = partitions[rng.random_range(0..2)];
+                let ids: Vec<String> = (0..rng.random_range(1..4)).map(|_| format!("fresh-{}", rng.random_range(0..FRESH))).collect();
+                let mut ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                let s = segment(pid, &ids, -1, 3600);
+                let out = db.push_bundle(ClockFloor::EPOCH, std::slice::from_ref(&s)).await.unwrap();
+                for (k, outcome) in out[0].per_message(s.len()).into_iter().enumerate() {
+                    answers.push((pid, s.transaction_ids[k].to_string(), outcome, out[0].probe, s.message_ids[k]));
+                }
+            }
+            answers
+        }));
+    }
+    for replayer in 0..REPLAYERS {
+        let (db, reader) = (t.db.clone(), t.client().await);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = SmallRng::seed_from_u64(0x2e91 + replayer);
+            let mut answers = Vec::new();
+            for _ in 0..BUNDLES {
+                let mut bundle = Vec::new();
+                for _ in 0..rng.random_range(1..7) {
+                    let pid = partitions[rng.random_range(0..2)];
+                    let id = if rng.random_bool(0.5) {
+                        format!("pre-{}", rng.random_range(0..100))
+                    } else {
+                        format!("fresh-{}", rng.random_range(0..FRESH))
+                    };
+                    if bundle.iter().any(|s: &SegmentPush| s.partition_id == pid && s.transaction_ids[0] == id.as_str()) {
+                        continue;
+                    }
+                    // The allocator and the id's first offset, in one snapshot.
+                    let row = reader
+                        .query_one(
+                            "SELECT p.last_offset, (SELECT min(m.\"offset\") FROM stile.messages m \
+                               WHERE m.queue = p.queue AND m.partition = p.name AND m.transaction_id = $2) \
+                               FROM stile.partitions p WHERE p.id = $1",
+                            &[&pid, &id],
+                        )
+                        .await
+                        .unwrap();
+                    let (last, first): (i64, Option<i64>) = (row.get(0), row.get(1));
+                    let ceiling = first.map_or(last, |first| first - 1);
+                    let floor = (ceiling - rng.random_range(0..40)).max(-1);
+                    bundle.push(lone_replay(pid, &id, floor));
+                }
+                let out = db.push_bundle(ClockFloor::EPOCH, &bundle).await.unwrap();
+                for (s, o) in bundle.iter().zip(&out) {
+                    let outcome = o.per_message(1).remove(0);
+                    answers.push((s.partition_id, s.transaction_ids[0].to_string(), outcome, o.probe, s.message_ids[0]));
+                }
+            }
+            answers
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.extend(task.await.unwrap());
+    }
+    let c = t.client().await;
+    let stored = stored(&c).await;
+    for ((pid, id), copies) in &stored {
+        assert_eq!(copies.len(), 1, "{id} of partition {pid} stored {} times", copies.len());
+    }
+    let mut committed = 0;
+    for (pid, id, outcome, probe, message_id) in &answers {
+        let original = stored.get(&(*pid, id.clone())).map(|copies| copies[0]);
+        match outcome {
+            MessageOutcome::Stored { offset } => assert_eq!(original, Some((*offset, *message_id)), "{id} of {pid}: stored"),
+            MessageOutcome::Duplicate(d) => {
+                assert_eq!(original, Some((d.offset, d.message_id)), "{id} of {pid}: duplicate ({probe:?})")
+            }
+        }
+        committed += usize::from(*probe == ProbeMode::Committed);
+    }
+    assert!(committed > 0, "no replay was judged from what is committed");
 }
 
 /// What one pusher was answered for one id, with whether its push committed.
