@@ -833,86 +833,6 @@ BEGIN
 END
 $$;
 
--- A bundle's lone replays judged together, from what is committed, without
--- the partitions' row locks: every segment of one message whose hash the
--- cache has seen (p_replays, p_counts = 1) and whose probe would be narrowed
--- (stile.probe_kind), found in the rows just above its bound. Answers, per
--- segment found, its index (1-based), its partition's window and the
--- original's offset and message id (NULL once retention removed it); the
--- segments not found are left to stile.found_committed and the lock.
---
--- One statement, one snapshot, for all of them: a replay costs a join's row
--- instead of the statements of a probe of its own (a single-message request
--- replayed is a segment of its own, and a storm of them is most of a
--- bundle). The verdict is stile.found_committed's, for the same reasons
--- (ARCHITECTURE.md, invariant 1): the rows read are committed, none written
--- later lies below them, the window and the purge watermark come from the
--- same snapshot, and the cache vouches that the hash does not occur at or
--- below the bound. The hash is looked for in the rows from the one holding
--- the bound's next offset up to the one holding its 32nd: they must tile
--- those offsets without a gap, lie inside the window and hold fewer than 256
--- hashes each; its first aligned match is then its first occurrence.
-CREATE OR REPLACE FUNCTION stile.lone_replays_found(
-    p_partition_ids bigint[],
-    p_verified bigint[],
-    p_planned_windows integer[],
-    p_counts integer[],
-    p_hashes bytea[],
-    p_replays boolean[],
-    p_now timestamptz,
-    p_holds_from timestamptz
-)
-RETURNS TABLE (seg integer, window_seconds integer, dup_off bigint, dup_id uuid)
-LANGUAGE plpgsql STABLE
-AS $$
-DECLARE
-    v_settings text;  -- what set_config answered (unused)
-BEGIN
-    -- The probe's settings, for the same reasons (see stile.probe): this
-    -- statement's plan, made once per connection, must read the log by its
-    -- primary key whatever the statistics say.
-    v_settings := set_config('jit', 'off', true) || set_config('enable_mergejoin', 'off', true)
-                  || set_config('plan_cache_mode', 'force_generic_plan', true)
-                  || set_config('enable_seqscan', 'off', true) || set_config('enable_sort', 'off', true);
-    RETURN QUERY
-    SELECT u.i, p.dedup_window_seconds, s.from_off + 1 + f.at / 16,
-           nullif(stile.message_id_at(f.mids, f.at / 16), '00000000-0000-0000-0000-000000000000')
-      FROM generate_subscripts(p_partition_ids, 1) AS u(i)
-      JOIN stile.partitions p ON p.id = p_partition_ids[u.i]
-     CROSS JOIN LATERAL (SELECT stile.probe_from(stile.vouched_upto(stile.vouch(p_verified[u.i], p_now, p_holds_from),
-                                                                   coalesce(p_planned_windows[u.i], 0), p.dedup_window_seconds),
-                                                 p.last_offset, p.txns_start) AS from_off) s
-     CROSS JOIN LATERAL (
-         SELECT min(r.base_offset) AS base_offset,
-                sum(r.end_offset - r.base_offset + 1) = max(r.end_offset) - min(r.base_offset) + 1
-                    AND bool_and(r.created_at >= p_now - make_interval(secs => p.dedup_window_seconds)
-                                 AND r.end_offset - r.base_offset < 256) AS usable,
-                string_agg(CASE WHEN r.end_offset - r.base_offset < 256 THEN r.hashes END, '\x'::bytea
-                           ORDER BY r.end_offset) AS hashes,
-                string_agg(CASE WHEN r.end_offset - r.base_offset < 256
-                                THEN coalesce(r.message_ids, stile.no_message_ids(r.base_offset, r.end_offset)) END,
-                           '\x'::bytea ORDER BY r.end_offset) AS mids
-           FROM (SELECT r0.base_offset, r0.end_offset, r0.created_at, r0.hashes, r0.message_ids
-                   FROM stile.log r0
-                  WHERE r0.partition_id = p.id AND r0.end_offset > s.from_off
-                    AND r0.end_offset <= least(s.from_off + 32, p.last_offset)
-                 UNION ALL
-                 (SELECT r1.base_offset, r1.end_offset, r1.created_at, r1.hashes, r1.message_ids
-                    FROM stile.log r1
-                   WHERE r1.partition_id = p.id AND r1.end_offset > s.from_off + 32 AND r1.end_offset <= p.last_offset
-                   ORDER BY r1.end_offset
-                   LIMIT 1)) AS r
-          WHERE r.base_offset <= s.from_off + 32) AS g
-     CROSS JOIN LATERAL (
-         SELECT position(p_hashes[u.i] IN substring(g.hashes FROM 16 * (s.from_off + 1 - g.base_offset)::integer + 1)) - 1 AS at,
-                substring(g.mids FROM 16 * (s.from_off + 1 - g.base_offset)::integer + 1) AS mids) AS f
-     WHERE p_replays[u.i] AND p_counts[u.i] = 1 AND length(p_hashes[u.i]) = 16
-       AND stile.probe_kind(p.dedup_window_seconds, p.last_offset, s.from_off, p.txns_start) = 'narrowed'
-       AND g.usable AND g.base_offset <= s.from_off + 1
-       AND f.at >= 0 AND f.at % 16 = 0;
-END
-$$;
-
 -- The columns of a log row holding segment p_seg's messages less its
 -- duplicates (stile.kept_columns). A segment whose JSON arrays do not hold
 -- one element per hash fails the call, and with it the bundle: nothing of a
@@ -992,11 +912,8 @@ $$;
 -- with the window at 0), and base_offset and created_ms say where and when.
 -- A segment of duplicates only returns no base_offset.
 --
--- The bundle's lone replays (segments of one message) are first judged
--- together, from what is committed, before any lock
--- (stile.lone_replays_found). A segment of replays not found there, of a
--- partition this call has not locked, is then judged from what is
--- committed, without the lock (stile.found_committed):
+-- A segment of replays of a partition this call has not locked is first
+-- judged from what is committed, without the lock (stile.found_committed):
 -- when every hash is found there, that is its verdict (probe 'committed'),
 -- and a call whose segments are all judged so takes no lock, writes nothing
 -- and commits without a transaction id. Otherwise the lock decides.
@@ -1067,25 +984,11 @@ DECLARE
     v_row stile.log%ROWTYPE;    -- the log row of a segment stored
     v_rows stile.log[] := '{}';  -- the log rows of the segments stored, not yet written
     v_stored boolean := false;  -- whether any segment stored a log row
-    v_lone record;              -- a lone replay found by stile.lone_replays_found,
-    v_lone_off bigint[];        -- and per segment, where one was: its original's offset,
-    v_lone_id uuid[];           -- message id
-    v_lone_window integer[];    -- and its partition's window
 BEGIN
     IF NOT stile.bundle_aligned(v_n, p_verified, p_planned_windows, p_counts, p_hashes, p_message_ids,
                                 p_transaction_ids, p_payloads, p_hash_floors)
        OR coalesce(cardinality(p_replays), v_n) <> v_n THEN
         RAISE EXCEPTION 'stile.push: the per-segment arrays differ in length' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF true = ANY (p_replays) THEN
-        FOR v_lone IN
-            SELECT * FROM stile.lone_replays_found(p_partition_ids, p_verified, p_planned_windows, p_counts, p_hashes,
-                                                    p_replays, clock_timestamp(), v_holds_from)
-        LOOP
-            v_lone_off[v_lone.seg] := v_lone.dup_off;
-            v_lone_id[v_lone.seg] := v_lone.dup_id;
-            v_lone_window[v_lone.seg] := v_lone.window_seconds;
-        END LOOP;
     END IF;
     FOR j IN 1 .. v_n LOOP
         i := coalesce(v_order[j], j);
@@ -1109,17 +1012,7 @@ BEGIN
         base_offset := NULL; created_ms := NULL; dup_idx := NULL; dup_off := NULL; dup_ids := NULL;
         v_allocated := false;
         v_committed := false;
-        IF v_lone_off[i] IS NOT NULL THEN
-            -- Found with the bundle's other lone replays, before any lock:
-            -- the verdict stile.found_committed would give.
-            window_seconds := v_lone_window[i];
-            probe := 'committed';
-            dup_idx := '{0}';
-            dup_off := ARRAY[v_lone_off[i]];
-            dup_ids := ARRAY[v_lone_id[i]];
-            v_committed := true;
-            v_count := 0;
-        ELSIF p_replays[i] AND v_pid IS DISTINCT FROM v_locked_pid THEN
+        IF p_replays[i] AND v_pid IS DISTINCT FROM v_locked_pid THEN
             SELECT c.window_seconds, c.probe, c.dup_idx, c.dup_off, c.dup_ids
               INTO window_seconds, probe, dup_idx, dup_off, dup_ids
               FROM stile.found_committed(v_pid, v_vouch, v_planned, v_now, v_holds_from, p_hashes[i], p_hash_floors[i]) AS c;
