@@ -174,7 +174,8 @@ async fn lone_replays_beside_first_pushes_answer_as_what_is_stored() {
             let mut answers = Vec::new();
             for _ in 0..BUNDLES {
                 let pid = partitions[rng.random_range(0..2)];
-                let ids: Vec<String> = (0..rng.random_range(1..4)).map(|_| format!("fresh-{}", rng.random_range(0..FRESH))).collect();
+                let ids: Vec<String> =
+                    (0..rng.random_range(1..4)).map(|_| format!("fresh-{}", rng.random_range(0..FRESH))).collect();
                 let mut ids: Vec<&str> = ids.iter().map(String::as_str).collect();
                 ids.sort_unstable();
                 ids.dedup();

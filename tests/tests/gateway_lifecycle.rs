@@ -35,6 +35,40 @@ async fn a_start_logs_what_it_did_not_postgresqls_notices_of_what_it_skipped() {
     assert!(versions >= 5, "the first start migrated the database ({versions} versions recorded)");
 }
 
+/// A gateway whose pools may open more connections than PostgreSQL has
+/// room for says so at start, with the numbers and what to change, and
+/// serves all the same: the pools open connections only as load asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_warns_when_its_pools_may_open_more_connections_than_postgresql_takes() {
+    let t = fresh_database().await;
+    let c = t.client().await;
+    let max_connections: i64 = c.query_one("SELECT current_setting('max_connections')::bigint", &[]).await.unwrap().get(0);
+    // Four connections a shard (one bundle in flight, the contended
+    // partitions', two for hydrations): past the server's whole limit.
+    let shards = usize::try_from(max_connections).unwrap() / 4 + 1;
+    let options = GatewayOptions {
+        shards: Some(shards),
+        pool_size: Some(8),
+        extra_args: vec!["--bundles-in-flight".into(), "1".into()],
+        ..GatewayOptions::default()
+    };
+    let mut gw = Gateway::start_with(&t.url(), &options).await;
+    let mut client = gw.client().await;
+    assert_eq!(client.push(vec![item("room", "p", Some("one"), json!(1))]).await[0].status, "queued");
+    let logs = gw.logs();
+    let most = 8 + shards * 4;
+    assert!(
+        logs.contains(&format!("may open up to {most} connections to PostgreSQL (--pool-size 8 and {shards} shards × 4)"))
+            && logs.contains(&format!("max_connections {max_connections}"))
+            && logs.contains("lower --shards or --pool-size, or raise max_connections"),
+        "{logs}"
+    );
+    let warned = logs.find("may open up to").unwrap();
+    assert!(warned < logs.find("listening on").unwrap(), "the warning comes before the gateway says it listens:\n{logs}");
+    gw.process().terminate();
+    gw.process().wait_exit(Duration::from_secs(20)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_requests_in_flight_stores_every_answered_message_and_exits_zero() {
     const TASKS: usize = 16;

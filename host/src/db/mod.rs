@@ -366,6 +366,27 @@ impl Db {
         Ok(row.try_get("clock_ms")?)
     }
 
+    /// How many more connections the server takes from this gateway's
+    /// role: its `max_connections`, less the slots it keeps for superusers
+    /// (where this role is not one) and those open now.
+    pub async fn connection_room(&self) -> Result<ConnectionRoom, DbError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one(
+                "SELECT current_setting('max_connections')::integer AS max_connections, \
+                        CASE WHEN r.rolsuper THEN 0 \
+                             ELSE current_setting('superuser_reserved_connections')::integer \
+                                  + coalesce(nullif(current_setting('reserved_connections', true), '')::integer, 0) \
+                        END AS reserved, \
+                        (SELECT count(*)::integer FROM pg_stat_activity WHERE backend_type = 'client backend') AS open \
+                   FROM pg_roles r WHERE r.rolname = current_user",
+                &[],
+            )
+            .await?;
+        let count = |column: &str| -> Result<usize, DbError> { Ok(usize::try_from(row.try_get::<_, i32>(column)?).unwrap_or(0)) };
+        Ok(ConnectionRoom { max_connections: count("max_connections")?, reserved: count("reserved")?, open: count("open")? })
+    }
+
     /// The schema version the database is at (0 before any migration).
     pub async fn schema_version(&self) -> Result<i32, DbError> {
         let client = self.pool.get().await?;
@@ -462,6 +483,23 @@ pub struct OwnPool {
     /// The longest any statement on these connections waits for a lock
     /// (PostgreSQL's `lock_timeout`).
     pub lock_timeout: Duration,
+}
+
+/// What the server has room for, as [`Db::connection_room`] reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionRoom {
+    pub max_connections: usize,
+    /// Slots this role cannot take (kept for superusers).
+    pub reserved: usize,
+    /// Connections open now, this gateway's included.
+    pub open: usize,
+}
+
+impl ConnectionRoom {
+    /// Connections this role may still open.
+    pub fn free(&self) -> usize {
+        self.max_connections.saturating_sub(self.reserved).saturating_sub(self.open)
+    }
 }
 
 /// A pool of up to `pool_size` connections, none opened yet, each opened by

@@ -96,6 +96,37 @@ async fn round_trip(db: &Db) -> anyhow::Result<Duration> {
     Ok(shortest)
 }
 
+/// Warns when the connections this gateway may open (its pool, and each
+/// shard's own) outnumber those PostgreSQL has room for: under load, the
+/// ones past it are refused ("too many clients"), and the pushes, reads and
+/// hydrations that wanted them answer 503 or wait. A warning, not a
+/// refusal: the pools open connections only as load asks for them, and
+/// another client may close its own meanwhile.
+async fn warn_if_past_connection_room(db: &Db, pool_size: usize, shards: usize, bundles_in_flight: usize) {
+    let per_shard = shard::connections_per_shard(bundles_in_flight);
+    let most = pool_size + shards * per_shard;
+    let room = match db.connection_room().await {
+        Ok(room) => room,
+        Err(error) => {
+            tracing::warn!(error = %error, "cannot read how many connections PostgreSQL has room for");
+            return;
+        }
+    };
+    // This gateway's own connections open now are among `room.open`.
+    let free = room.free() + db.pool().status().size;
+    if most > free {
+        tracing::warn!(
+            "this gateway may open up to {most} connections to PostgreSQL (--pool-size {pool_size} and {shards} shards × \
+             {per_shard}), but the server has room for {free} (max_connections {}, {} reserved, {} open): under load the \
+             connections past it are refused and their requests answered 503; lower --shards or --pool-size, or raise \
+             max_connections",
+            room.max_connections,
+            room.reserved,
+            room.open,
+        );
+    }
+}
+
 /// How long the shards may take, past the shutdown timeout, to finish the
 /// bundles of the requests that were cut short. With [`RUNTIME_GRACE`] for
 /// the runtime to stop, the gateway exits within 5 s of the shutdown timeout
@@ -142,6 +173,7 @@ pub async fn serve(config: ServeConfig, shutdown: impl Future<Output = ()>) -> a
             chosen
         }
     };
+    warn_if_past_connection_room(&db, config.pool_size, shards, bundles_in_flight).await;
     let mut handles = Vec::with_capacity(shards);
     let mut workers = Vec::with_capacity(shards);
     for id in 0..shards {

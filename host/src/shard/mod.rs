@@ -155,6 +155,13 @@ pub const METADATA_TTL: Duration = Duration::from_secs(30);
 /// contended partitions' one: hydrations do not wait for pushes.
 pub const HYDRATION_CONNECTIONS: usize = 2;
 
+/// The most connections a shard's pool opens, with `max_in_flight` bundles
+/// in flight: one per bundle, the contended partitions' one and the
+/// hydrations'.
+pub fn connections_per_shard(max_in_flight: usize) -> usize {
+    max_in_flight + CONTENDED_CONNECTIONS + HYDRATION_CONNECTIONS
+}
+
 /// A reading of PostgreSQL's clock: what it said, and when the answer
 /// arrived.
 #[derive(Clone, Copy, Debug)]
@@ -252,10 +259,7 @@ pub fn spawn(
         id,
         long_calls: if serving.is_some() { LongCalls::InPlace } else { LongCalls::Inline },
         cache,
-        db: db.with_own_pool(OwnPool {
-            size: config.max_in_flight + CONTENDED_CONNECTIONS + HYDRATION_CONNECTIONS,
-            lock_timeout: config.lock_timeout,
-        })?,
+        db: db.with_own_pool(OwnPool { size: connections_per_shard(config.max_in_flight), lock_timeout: config.lock_timeout })?,
         metrics,
         config,
         partitions: HashMap::new(),
