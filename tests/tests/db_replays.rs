@@ -36,6 +36,15 @@ async fn stored(c: &tokio_postgres::Client) -> HashMap<(i64, String), Vec<(i64, 
     out
 }
 
+/// [`stored`], each id stored once (the model's first rule).
+async fn stored_once(c: &tokio_postgres::Client) -> HashMap<(i64, String), Vec<(i64, uuid::Uuid)>> {
+    let stored = stored(c).await;
+    for ((pid, id), copies) in &stored {
+        assert_eq!(copies.len(), 1, "{id} of partition {pid} stored {} times", copies.len());
+    }
+    stored
+}
+
 /// Fails the test instead of hanging when `work` waits for a lock it should
 /// not wait for.
 async fn promptly<T>(what: &str, work: impl Future<Output = T>) -> T {
@@ -233,11 +242,7 @@ async fn lone_replays_beside_first_pushes_answer_as_what_is_stored() {
     for task in tasks {
         answers.extend(task.await.unwrap());
     }
-    let c = t.client().await;
-    let stored = stored(&c).await;
-    for ((pid, id), copies) in &stored {
-        assert_eq!(copies.len(), 1, "{id} of partition {pid} stored {} times", copies.len());
-    }
+    let stored = stored_once(&t.client().await).await;
     let mut committed = 0;
     for (pid, id, outcome, probe, message_id) in &answers {
         let original = stored.get(&(*pid, id.clone())).map(|copies| copies[0]);
@@ -329,11 +334,7 @@ async fn replays_beside_first_pushes_and_rollbacks_answer_as_what_is_stored() {
     for task in tasks {
         answers.extend(task.await.unwrap());
     }
-    let c = t.client().await;
-    let stored = stored(&c).await;
-    for ((pid, id), copies) in &stored {
-        assert_eq!(copies.len(), 1, "{id} of partition {pid} stored {} times", copies.len());
-    }
+    let stored = stored_once(&t.client().await).await;
     for (pid, id, answer) in &answers {
         let original = stored.get(&(*pid, id.clone())).map(|copies| copies[0]);
         match (answer.outcome, answer.committed) {
