@@ -141,20 +141,15 @@ $$;
 -- hash, its index, its first occurrence's offset and that message's id
 -- (NULL once retention removed it); NULLs unless every hash is found.
 --
--- Each hash is looked for in the 128 offsets above its floor, row by row
--- from the one holding the floor's next offset (or the first above it), in
--- each from the first offset not yet searched; where a row holds fewer than
--- 16 hashes, the rows after it up to the one holding the floor's 128th
--- offset are read together instead (once for the hashes of one floor). Its
--- first aligned match is its first occurrence above the floor, which
--- vouches for the rest. The hashes are taken by ascending floor, so that a row read for one serves the next
--- ones it holds: whole where it holds fewer than 256 hashes per hash of the
--- segment, else in a slice for each. A row outside the window, rows read
--- together that are apart (an offset between them in no row), a hash not
--- found, or one matched out of alignment, leave the segment to the probe's
--- other reads. Message ids removed by retention read as zeros (an id no
--- UUIDv7 has) where rows are read together, so that the others keep their
--- places.
+-- Each hash is looked for in the 128 offsets above its floor (up to
+-- p_last), in the slices of them that the rows holding them hold (read
+-- once for all the hashes of one floor); its first
+-- aligned match there is its first occurrence above the floor, which
+-- vouches for the rest. Rows that do not tile those offsets from the
+-- floor's next one (an offset in no row), a row outside the window, a hash
+-- not found, or one matched out of alignment, leave the segment to the
+-- probe's other reads. Message ids removed by retention read as zeros (an id
+-- no UUIDv7 has), so that the others keep their places.
 CREATE OR REPLACE FUNCTION stile.found_above_floors(
     p_pid bigint,
     p_from bigint,
@@ -168,109 +163,52 @@ CREATE OR REPLACE FUNCTION stile.found_above_floors(
 )
 LANGUAGE plpgsql STABLE
 AS $$
-DECLARE
-    v_count integer := length(p_hashes) / 16;
-    v_k integer;           -- a hash's index in the segment
-    v_floor bigint;        -- its floor (at least p_from)
-    v_searched bigint;     -- the last offset above it searched for it
-    v_hash bytea;          -- the hash
-    v_at integer;          -- its byte position in the slice, from 0
-    v_row_base bigint;     -- the row read for it: its offsets,
-    v_row_end bigint;
-    v_row_inside boolean;  -- whether it lies inside the window,
-    v_row_hashes bytea;    -- and its hashes and ids where read whole
-    v_row_mids bytea;
-    v_skip integer;        -- where the hash's slice starts in that row
-    v_slice_base bigint;   -- the first offset of the slice it is looked for in
-    v_slice bytea;         -- the slice's hashes
-    v_slice_mids bytea;    -- and message ids
-    v_span_held boolean;   -- whether the rows after that row are contiguous and inside the window
-    v_span_floor bigint;   -- the floor and the row those rows were read after (a later hash of
-    v_span_after bigint;   -- the same floor reads them again only past another row)
-    v_span_base bigint;    -- their first offset, hashes and message ids
-    v_span bytea;
-    v_span_mids bytea;
-    v_found integer := 0;  -- hashes found
 BEGIN
-    dup_off := array_fill(NULL::bigint, ARRAY[v_count]);
-    dup_ids := array_fill(NULL::uuid, ARRAY[v_count]);
-    <<hashes>>
-    FOR v_k, v_floor IN
-        SELECT k, greatest(stile.floor_at(p_floors, k), p_from) FROM generate_series(0, v_count - 1) AS k ORDER BY 2, 1
-    LOOP
-        v_hash := substring(p_hashes FROM 16 * v_k + 1 FOR 16);
-        v_searched := v_floor;
-        LOOP
-            IF v_row_end IS NULL OR v_row_end <= v_searched OR v_row_base > v_searched + 1 THEN
-                SELECT r.base_offset, r.end_offset, r.created_at >= p_since,
-                       CASE WHEN r.end_offset - r.base_offset < 256 * v_count THEN r.hashes || '\x'::bytea END,
-                       CASE WHEN r.end_offset - r.base_offset < 256 * v_count
-                            THEN coalesce(r.message_ids || '\x'::bytea, stile.no_message_ids(r.base_offset, r.end_offset)) END
-                  INTO v_row_base, v_row_end, v_row_inside, v_row_hashes, v_row_mids
-                  FROM stile.log r
-                 WHERE r.partition_id = p_pid AND r.end_offset > v_searched AND r.end_offset <= p_last
-                 ORDER BY r.end_offset
-                 LIMIT 1;
-                EXIT hashes WHEN NOT FOUND OR NOT v_row_inside OR v_row_base > v_floor + 128;
-            END IF;
-            v_skip := greatest(v_searched + 1 - v_row_base, 0);
-            v_slice_base := v_row_base + v_skip;
-            IF v_row_hashes IS NULL THEN
-                SELECT substring(r.hashes FROM 16 * v_skip + 1 FOR 16 * 128),
-                       coalesce(substring(r.message_ids FROM 16 * v_skip + 1 FOR 16 * 128),
-                                stile.no_message_ids(v_slice_base, least(r.end_offset, v_slice_base + 127)))
-                  INTO v_slice, v_slice_mids
-                  FROM stile.log r WHERE r.partition_id = p_pid AND r.end_offset = v_row_end;
-            ELSE
-                v_slice := substring(v_row_hashes FROM 16 * v_skip + 1 FOR 16 * 128);
-                v_slice_mids := substring(v_row_mids FROM 16 * v_skip + 1 FOR 16 * 128);
-            END IF;
-            v_at := position(v_hash IN v_slice) - 1;
-            EXIT WHEN v_at >= 0;
-            EXIT hashes WHEN v_row_end >= least(v_floor + 128, p_last);
-            IF v_row_end - v_row_base < 15 AND (v_span_floor, v_span_after) IS DISTINCT FROM (v_floor, v_row_end) THEN
-                SELECT min(r.base_offset),
-                       sum(r.end_offset - r.base_offset + 1) = max(r.end_offset) - min(r.base_offset) + 1
-                           AND bool_and(r.created_at >= p_since),
-                       string_agg(r.hashes, '\x'::bytea ORDER BY r.end_offset),
-                       string_agg(coalesce(r.message_ids, stile.no_message_ids(r.base_offset, r.end_offset)), '\x'::bytea
-                                  ORDER BY r.end_offset)
-                  INTO v_span_base, v_span_held, v_span, v_span_mids
-                  FROM (SELECT r0.base_offset, r0.end_offset, r0.created_at, r0.hashes, r0.message_ids
-                          FROM stile.log r0
-                         WHERE r0.partition_id = p_pid AND r0.end_offset > v_row_end
-                           AND r0.end_offset <= least(v_floor + 128, p_last)
-                        UNION ALL
-                        (SELECT r1.base_offset, r1.end_offset, r1.created_at, r1.hashes, r1.message_ids
-                           FROM stile.log r1
-                          WHERE r1.partition_id = p_pid AND r1.end_offset > v_floor + 128 AND r1.end_offset <= p_last
-                          ORDER BY r1.end_offset
-                          LIMIT 1)) AS r
-                 WHERE r.base_offset <= v_floor + 128;
-                v_span_floor := v_floor;
-                v_span_after := v_row_end;
-            END IF;
-            IF v_row_end - v_row_base < 15 THEN
-                EXIT hashes WHEN v_span_base IS DISTINCT FROM v_row_end + 1 OR NOT v_span_held;
-                v_slice_base := v_span_base;
-                v_slice := v_span;
-                v_slice_mids := v_span_mids;
-                v_at := position(v_hash IN substring(v_slice FROM 1 FOR 16 * 128)) - 1;
-                EXIT;
-            END IF;
-            v_searched := v_row_end;
-        END LOOP;
-        EXIT hashes WHEN v_at < 0 OR v_at % 16 <> 0;
-        dup_off[v_k + 1] := v_slice_base + v_at / 16;
-        dup_ids[v_k + 1] := nullif(stile.message_id_at(v_slice_mids, v_at / 16), '00000000-0000-0000-0000-000000000000');
-        v_found := v_found + 1;
-    END LOOP;
-    IF v_found = v_count THEN
-        dup_idx := ARRAY(SELECT generate_series(0, v_count - 1));
-    ELSE
-        dup_off := NULL;
-        dup_ids := NULL;
-    END IF;
+    -- One statement for every hash (a loop of statements costs about 9 µs a
+    -- hash, bench/storm/RESULTS.md): for each distinct floor, once, the rows
+    -- that hold the 128 offsets above it, which must tile them from the
+    -- floor's next offset without a gap and lie inside the window, and their
+    -- slices of those offsets, concatenated; each hash is searched in its
+    -- floor's, and its first match, aligned, is its first occurrence above
+    -- the floor.
+    WITH wanted AS (
+        SELECT k, greatest(stile.floor_at(p_floors, k), p_from) AS fl, substring(p_hashes FROM 16 * k + 1 FOR 16) AS h
+          FROM generate_series(0, length(p_hashes) / 16 - 1) AS k
+    ), above AS (
+        SELECT f.fl, g.hashes, g.mids
+          FROM (SELECT DISTINCT w.fl FROM wanted w) AS f
+         CROSS JOIN LATERAL (
+             SELECT min(r.base_offset) AS base_offset,
+                    sum(r.end_offset - r.base_offset + 1) = max(r.end_offset) - min(r.base_offset) + 1
+                        AND bool_and(r.created_at >= p_since) AS held,
+                    string_agg(substring(r.hashes FROM 16 * greatest(f.fl + 1 - r.base_offset, 0)::integer + 1
+                                         FOR 16 * (least(r.end_offset, f.fl + 128) - greatest(r.base_offset, f.fl + 1) + 1)::integer),
+                               '\x'::bytea ORDER BY r.end_offset) AS hashes,
+                    string_agg(substring(coalesce(r.message_ids, stile.no_message_ids(r.base_offset, r.end_offset))
+                                         FROM 16 * greatest(f.fl + 1 - r.base_offset, 0)::integer + 1
+                                         FOR 16 * (least(r.end_offset, f.fl + 128) - greatest(r.base_offset, f.fl + 1) + 1)::integer),
+                               '\x'::bytea ORDER BY r.end_offset) AS mids
+               FROM (SELECT r0.base_offset, r0.end_offset, r0.created_at, r0.hashes, r0.message_ids
+                       FROM stile.log r0
+                      WHERE r0.partition_id = p_pid AND r0.end_offset > f.fl AND r0.end_offset <= least(f.fl + 128, p_last)
+                     UNION ALL
+                     (SELECT r1.base_offset, r1.end_offset, r1.created_at, r1.hashes, r1.message_ids
+                        FROM stile.log r1
+                       WHERE r1.partition_id = p_pid AND r1.end_offset > f.fl + 128 AND r1.end_offset <= p_last
+                       ORDER BY r1.end_offset
+                       LIMIT 1)) AS r
+              WHERE r.base_offset <= f.fl + 128) AS g
+         WHERE g.base_offset <= f.fl + 1 AND g.held
+    )
+    SELECT array_agg(x.k ORDER BY x.k), array_agg(x.off ORDER BY x.k), array_agg(x.id ORDER BY x.k)
+      INTO dup_idx, dup_off, dup_ids
+      FROM (SELECT w.k, w.fl + 1 + m.at / 16 AS off,
+                   nullif(stile.message_id_at(a.mids, m.at / 16), '00000000-0000-0000-0000-000000000000') AS id
+              FROM wanted w
+              JOIN above a ON a.fl = w.fl
+             CROSS JOIN LATERAL (SELECT position(w.h IN a.hashes) - 1 AS at) AS m
+             WHERE m.at >= 0 AND m.at % 16 = 0) AS x
+    HAVING count(*) = length(p_hashes) / 16;
 END
 $$;
 
