@@ -181,12 +181,9 @@ BEGIN
              SELECT min(r.base_offset) AS base_offset,
                     sum(r.end_offset - r.base_offset + 1) = max(r.end_offset) - min(r.base_offset) + 1
                         AND bool_and(r.created_at >= p_since) AS held,
-                    string_agg(substring(r.hashes FROM 16 * greatest(f.fl + 1 - r.base_offset, 0)::integer + 1
-                                         FOR 16 * (least(r.end_offset, f.fl + 128) - greatest(r.base_offset, f.fl + 1) + 1)::integer),
-                               '\x'::bytea ORDER BY r.end_offset) AS hashes,
+                    string_agg(substring(r.hashes FROM 16 * s.skip + 1 FOR 16 * s.n), '\x'::bytea ORDER BY r.end_offset) AS hashes,
                     string_agg(substring(coalesce(r.message_ids, stile.no_message_ids(r.base_offset, r.end_offset))
-                                         FROM 16 * greatest(f.fl + 1 - r.base_offset, 0)::integer + 1
-                                         FOR 16 * (least(r.end_offset, f.fl + 128) - greatest(r.base_offset, f.fl + 1) + 1)::integer),
+                                         FROM 16 * s.skip + 1 FOR 16 * s.n),
                                '\x'::bytea ORDER BY r.end_offset) AS mids
                FROM (SELECT r0.base_offset, r0.end_offset, r0.created_at, r0.hashes, r0.message_ids
                        FROM stile.log r0
@@ -197,6 +194,10 @@ BEGIN
                        WHERE r1.partition_id = p_pid AND r1.end_offset > f.fl + 128 AND r1.end_offset <= p_last
                        ORDER BY r1.end_offset
                        LIMIT 1)) AS r
+              -- The row's slice of the offsets above the floor: where it
+              -- starts in the row, and how many offsets it holds.
+              CROSS JOIN LATERAL (SELECT greatest(f.fl + 1 - r.base_offset, 0)::integer AS skip,
+                                         (least(r.end_offset, f.fl + 128) - greatest(r.base_offset, f.fl + 1) + 1)::integer AS n) AS s
               WHERE r.base_offset <= f.fl + 128) AS g
          WHERE g.base_offset <= f.fl + 1 AND g.held
     )
