@@ -83,18 +83,10 @@ async fn slow_bodies_that_hold_the_large_share_do_not_stall_a_small_push() {
     // order in which the gateway reads two heads that arrive together.
     let big = push_body("slow", 4000);
     assert!(big.len() > 1_300_000, "{}", big.len());
-    let mut slow = Vec::new();
-    for waiting in [0.0, 1.0] {
-        let mut stream = TcpStream::connect(gw.addr()).await.expect("connect");
-        let head = format!("POST /api/v1/push HTTP/1.1\r\nhost: stile\r\ncontent-length: {}\r\n\r\n", big.len());
-        stream.write_all(head.as_bytes()).await.expect("send the head");
-        stream.write_all(&big.as_bytes()[..big.len() - 10]).await.expect("send most of the body");
-        slow.push(stream);
-        if waiting == 0.0 {
-            wait_for_at_least(&mut observer, "stile_held_request_bytes", big.len() as f64).await;
-        }
-        wait_for(&mut observer, "stile_requests_waiting_for_room", waiting).await;
-    }
+    let mut first = send_all_but_its_end(&gw, &big).await;
+    wait_for_at_least(&mut observer, "stile_held_request_bytes", big.len() as f64).await;
+    let _second = send_all_but_its_end(&gw, &big).await;
+    wait_for(&mut observer, "stile_requests_waiting_for_room", 1.0).await;
 
     let sent = Instant::now();
     let mut bystander = gw.client().await;
@@ -108,7 +100,6 @@ async fn slow_bodies_that_hold_the_large_share_do_not_stall_a_small_push() {
     assert_eq!(health["intake"]["waitingRequests"], 1, "{health}");
 
     // The first slow body ends: it is stored, and the second is let in.
-    let mut first = slow.remove(0);
     first.write_all(&big.as_bytes()[big.len() - 10..]).await.expect("send the rest");
     let answer = read_response(&mut first, &gw).await;
     assert!(answer.starts_with("HTTP/1.1 201"), "{}", &answer[..answer.len().min(300)]);
@@ -234,6 +225,15 @@ async fn a_body_declared_over_the_limit_is_refused_before_it_waits_or_is_read() 
     assert!(reply.contains("body: exceeds the limit of 4096 bytes"), "{reply}");
     let mut observer = gw.client().await;
     assert_eq!(metric(&observer.metrics().await, "stile_held_request_bytes"), 0.0);
+}
+
+/// Opens a connection and sends a push of `body` but for its last 10 bytes.
+async fn send_all_but_its_end(gw: &Gateway, body: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(gw.addr()).await.expect("connect");
+    let head = format!("POST /api/v1/push HTTP/1.1\r\nhost: stile\r\ncontent-length: {}\r\n\r\n", body.len());
+    stream.write_all(head.as_bytes()).await.expect("send the head");
+    stream.write_all(&body.as_bytes()[..body.len() - 10]).await.expect("send most of the body");
+    stream
 }
 
 fn push_body(tag: &str, items: usize) -> String {
