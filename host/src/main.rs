@@ -71,7 +71,19 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the HTTP API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Migrate the database's schema to this build's and exit (`serve` does
+    /// the same when it starts): before distributing the tables with Citus
+    /// (scripts/citus/distribute.sql), or ahead of a rolling upgrade.
+    Migrate(MigrateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct MigrateArgs {
+    /// PostgreSQL connection (URI or keyword form). Unset: the PG* variables,
+    /// then libpq's defaults.
+    #[arg(long, env = "DATABASE_URL", default_value = "", hide_default_value = true)]
+    database_url: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -199,7 +211,10 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_target(false)
         .init();
-    let Command::Serve(args) = Cli::parse().command;
+    let args = match Cli::parse().command {
+        Command::Serve(args) => *args,
+        Command::Migrate(args) => return migrate(&args.database_url),
+    };
     let config = ServeConfig {
         listen: args.listen,
         tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| ListenerTls { cert, key }),
@@ -240,6 +255,21 @@ fn main() -> std::process::ExitCode {
     runtime.shutdown_timeout(RUNTIME_GRACE);
     match served {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("stile: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `stile migrate`: the schema migrated, and its version printed.
+fn migrate(database_url: &str) -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("start the tokio runtime");
+    match runtime.block_on(stile::server::migrate(database_url)) {
+        Ok(version) => {
+            println!("schema version {version}");
+            std::process::ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("stile: {error:#}");
             std::process::ExitCode::FAILURE

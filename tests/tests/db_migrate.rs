@@ -166,8 +166,9 @@ async fn a_later_migration_that_drops_a_function_leaves_it_defined() {
 
 /// Version 5 copies each queue's window onto its partitions' rows, where the
 /// push reads it: a database of version 4 keeps its queues' windows, and
-/// from then on every writer of a queue or a partition keeps the copies
-/// equal (see `db_configure::every_partition_keeps_its_queues_window_whoever_writes_it`).
+/// from then on the window's writers keep the copies equal (see
+/// `db_configure::every_partition_keeps_its_queues_window_through_configure`);
+/// version 9 names the partitions in `stile.partition_names`.
 #[tokio::test]
 async fn the_queues_windows_are_copied_onto_their_partitions() {
     let t = TestDb::unmigrated(1).await;
@@ -239,4 +240,232 @@ fn redacted_url_hides_the_password() {
     let shown = cfg.to_url(false);
     assert!(!shown.contains("s3cret") && shown.contains("password=********"), "{shown}");
     drop(t);
+}
+
+/// The distribution Citus is given (`scripts/citus/distribute.sql`): each
+/// distributed table with its distribution column, and the reference tables.
+struct Distribution {
+    distributed: Vec<(String, String)>,
+    reference: Vec<String>,
+    functions: Vec<String>,
+}
+
+impl Distribution {
+    const DDL: &str = include_str!("../../scripts/citus/distribute.sql");
+    /// Tables that stay on the coordinator alone.
+    const LOCAL: [&str; 2] = ["schema_migrations", "function_sets"];
+
+    fn parse() -> Distribution {
+        let quoted = |s: &str| -> Vec<String> { s.split('\'').skip(1).step_by(2).map(str::to_owned).collect() };
+        let mut layout = Distribution { distributed: Vec::new(), reference: Vec::new(), functions: Vec::new() };
+        for statement in Self::DDL.split(';').map(|s| s.lines().filter(|l| !l.trim_start().starts_with("--")).collect::<String>())
+        {
+            let args = quoted(&statement);
+            let table = |i: usize| args[i].strip_prefix("stile.").expect("a table of the schema").to_owned();
+            if statement.contains("create_distributed_table(") {
+                layout.distributed.push((table(0), args[1].clone()));
+            } else if statement.contains("create_reference_table(") {
+                layout.reference.push(table(0));
+            } else if statement.contains("create_distributed_function(") {
+                layout.functions.push(args[0].clone());
+            }
+        }
+        assert!(!layout.distributed.is_empty() && !layout.reference.is_empty(), "the DDL names its tables");
+        layout
+    }
+
+    fn column_of(&self, table: &str) -> Option<&str> {
+        self.distributed.iter().find(|(t, _)| t == table).map(|(_, c)| c.as_str())
+    }
+
+    /// The tables every node holds a part or a copy of.
+    fn shared_tables(&self) -> Vec<String> {
+        self.distributed.iter().map(|(t, _)| t.clone()).chain(self.reference.iter().cloned()).collect()
+    }
+}
+
+/// Whether `text` names `stile.<relation>` as a whole word.
+fn names_relation(text: &str, relation: &str) -> bool {
+    let needle = format!("stile.{relation}");
+    text.match_indices(&needle).any(|(at, _)| !text[at + needle.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_'))
+}
+
+async fn strings(c: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    c.query(sql, &[]).await.unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+/// The migrated schema holds nothing Citus refuses to distribute as
+/// `scripts/citus/distribute.sql` says (docs/scale-out.md lists the
+/// refusals): every table is distributed, a reference table or the
+/// migrator's own; unique keys hold the distribution column; no triggers;
+/// no free-standing sequence; no function taking a table's row type; no
+/// `LANGUAGE sql` function reading a table or view of the nodes; no plan
+/// forced generic where Citus is loaded; the delegated push's signature
+/// exists. Then each kind of refusal is added to the test's database, and
+/// each is found.
+#[tokio::test]
+async fn the_layout_has_nothing_a_distributed_database_refuses() {
+    let t = TestDb::new().await;
+    let c = t.client().await;
+    let layout = Distribution::parse();
+    let refused = refusals(&c, &layout).await;
+    assert!(refused.is_empty(), "Citus would refuse:\n{}", refused.join("\n"));
+
+    c.batch_execute(
+        "ALTER TABLE stile.partitions ADD CONSTRAINT named_once UNIQUE (queue, name); \
+         CREATE TABLE stile.undecided (id bigint); \
+         CREATE FUNCTION stile.noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$; \
+         CREATE TRIGGER noop BEFORE INSERT ON stile.kv FOR EACH ROW EXECUTE FUNCTION stile.noop(); \
+         CREATE SEQUENCE stile.free_standing; \
+         CREATE FUNCTION stile.window_of(q stile.queues) RETURNS integer LANGUAGE plpgsql AS $$ BEGIN RETURN q.dedup_window_seconds; END $$; \
+         CREATE FUNCTION stile.rows_of(p bigint) RETURNS bigint LANGUAGE sql AS $$ SELECT count(*) FROM stile.log WHERE partition_id = p $$; \
+         CREATE FUNCTION stile.generic() RETURNS void LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$ BEGIN END $$; \
+         ALTER TABLE stile.timers ADD COLUMN partition_id bigint REFERENCES stile.partitions (id)",
+    )
+    .await
+    .unwrap();
+    let found = refusals(&c, &layout).await;
+    for expected in [
+        "unique named_once",
+        "table undecided",
+        "trigger on stile.kv: noop",
+        "sequence free_standing",
+        "function stile.window_of(stile.queues)",
+        "function stile.rows_of(bigint): LANGUAGE sql reading stile.log",
+        "function stile.generic(): forces generic plans",
+        "foreign key stile.timers -> stile.partitions",
+    ] {
+        assert!(found.iter().any(|f| f.starts_with(expected)), "{expected} not found in {found:#?}");
+    }
+}
+
+/// What Citus would refuse of the schema in `c`'s database, distributed as
+/// `layout` says: one line each.
+async fn refusals(c: &tokio_postgres::Client, layout: &Distribution) -> Vec<String> {
+    let mut refused: Vec<String> = Vec::new();
+
+    let tables = strings(
+        c,
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+          WHERE n.nspname = 'stile' AND c.relkind IN ('r', 'p') ORDER BY 1",
+    )
+    .await;
+    for table in &tables {
+        if !layout.shared_tables().contains(table) && !Distribution::LOCAL.contains(&table.as_str()) {
+            refused.push(format!("table {table}: neither distributed, a reference table nor local"));
+        }
+    }
+    for (table, column) in &layout.distributed {
+        let keys = c
+            .query(
+                "SELECT i.relname::text AS index, \
+                        array(SELECT a.attname::text FROM unnest(x.indkey) k \
+                                JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k) AS columns \
+                   FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
+                  WHERE x.indrelid = ('stile.' || $1)::regclass AND x.indisunique",
+                &[table],
+            )
+            .await
+            .unwrap();
+        for key in keys {
+            let columns: Vec<String> = key.get("columns");
+            if !columns.contains(column) {
+                refused.push(format!(
+                    "unique {} on {table} {columns:?} lacks the distribution column {column}",
+                    key.get::<_, String>("index")
+                ));
+            }
+        }
+    }
+    for trigger in strings(
+        c,
+        "SELECT t.tgrelid::regclass::text || ': ' || t.tgname FROM pg_trigger t \
+           JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+          WHERE n.nspname = 'stile' AND NOT t.tgisinternal",
+    )
+    .await
+    {
+        refused.push(format!("trigger on {trigger}"));
+    }
+    for sequence in strings(
+        c,
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+          WHERE n.nspname = 'stile' AND c.relkind = 'S' \
+            AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid \
+                              AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i'))",
+    )
+    .await
+    {
+        refused.push(format!("sequence {sequence}: owned by no column"));
+    }
+    for function in strings(
+        c,
+        "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+          WHERE n.nspname = 'stile' \
+            AND EXISTS (SELECT 1 FROM unnest(p.proargtypes::oid[]) a JOIN pg_type ty ON ty.oid = a \
+                          JOIN pg_class r ON r.oid = ty.typrelid WHERE r.relkind IN ('r', 'p', 'v'))",
+    )
+    .await
+    {
+        refused.push(format!("function {function}: takes a table's row type"));
+    }
+    let views =
+        strings(c, "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'stile' AND c.relkind = 'v'")
+            .await;
+    let read_on_nodes: Vec<String> = layout.shared_tables().into_iter().chain(views).collect();
+    let functions = c
+        .query(
+            "SELECT p.oid::regprocedure::text AS function, l.lanname::text AS language, p.prosrc AS source, \
+                    coalesce(array_to_string(p.proconfig, ' '), '') AS settings \
+               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_language l ON l.oid = p.prolang \
+              WHERE n.nspname = 'stile'",
+            &[],
+        )
+        .await
+        .unwrap();
+    for f in &functions {
+        let (function, language, source, settings): (String, String, String, String) =
+            (f.get("function"), f.get("language"), f.get("source"), f.get("settings"));
+        if language == "sql" {
+            for relation in read_on_nodes.iter().filter(|r| names_relation(&source, r)) {
+                refused.push(format!("function {function}: LANGUAGE sql reading stile.{relation}"));
+            }
+        }
+        if settings.contains("force_generic_plan") || (source.contains("force_generic_plan") && !source.contains("citus.version"))
+        {
+            refused.push(format!("function {function}: forces generic plans where Citus is loaded"));
+        }
+    }
+    for (table, column) in &layout.distributed {
+        let found: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = ('stile.' || $1)::regclass AND attname = $2 AND NOT attisdropped",
+                &[table, column],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if found != 1 {
+            refused.push(format!("table {table}: no distribution column {column}"));
+        }
+    }
+    for signature in &layout.functions {
+        let exists: bool = c.query_one("SELECT to_regprocedure($1) IS NOT NULL", &[signature]).await.unwrap().get(0);
+        if !exists {
+            refused.push(format!("distributed function {signature}: no such function"));
+        }
+    }
+    for key in strings(
+        c,
+        "SELECT r.conrelid::regclass::text || ' -> ' || r.confrelid::regclass::text FROM pg_constraint r \
+           JOIN pg_namespace n ON n.oid = r.connamespace WHERE n.nspname = 'stile' AND r.contype = 'f'",
+    )
+    .await
+    {
+        let referenced = key.rsplit(" -> ").next().unwrap().trim_start_matches("stile.").to_owned();
+        if layout.column_of(&referenced).is_some() {
+            refused.push(format!("foreign key {key}: references a distributed table"));
+        }
+    }
+    refused
 }

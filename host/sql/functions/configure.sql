@@ -41,16 +41,6 @@ BEGIN
 END
 $$;
 
--- stile.queue_options_of a row's queue, for gateways of the previous build,
--- which call it. Once none remains, `DROP FUNCTION
--- stile.queue_options(stile.queues)` retires it.
-CREATE OR REPLACE FUNCTION stile.queue_options(q stile.queues)
-RETURNS jsonb
-LANGUAGE sql STABLE
-AS $$
-    SELECT stile.queue_options_of(q.name)
-$$;
-
 -- Checks one option and returns the value to store: the key's default for a
 -- JSON null, integers normalised (5.0 -> 5). Refuses, naming the key in the
 -- message and in the error's COLUMN field, an unknown key or a bad value.
@@ -101,6 +91,31 @@ BEGIN
 END
 $$;
 
+-- Copies a queue's window to each of its partitions whose copy differs, in
+-- the configuring transaction, which holds the queue's row: a partition
+-- created meanwhile waits for that row (stile.resolve_partition reads the
+-- window FOR SHARE) and takes the window committed with it. The partitions'
+-- row locks are taken one statement each, in ascending id order (the one
+-- global lock order, see partitions.sql); a push holds its partitions' locks
+-- while it decides, so it decides under one window, the one before the
+-- change or the one after. One statement per row also keeps each lock on one
+-- shard when the table is distributed (Citus refuses FOR UPDATE over
+-- several).
+CREATE OR REPLACE FUNCTION stile.partitions_take_window(p_queue text, p_window integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    FOR v_id IN SELECT n.id FROM stile.partition_names n WHERE n.queue = p_queue ORDER BY n.id LOOP
+        UPDATE stile.partitions p
+           SET dedup_window_seconds = p_window
+         WHERE p.id = v_id AND p.dedup_window_seconds IS DISTINCT FROM p_window;
+    END LOOP;
+END
+$$;
+
 -- Configures a queue and returns its stored options. A new queue starts from
 -- the defaults. Merge (p_replace false) leaves omitted keys alone; replace
 -- resets every omitted key to its default; in both, an explicit JSON null
@@ -146,6 +161,9 @@ BEGIN
            task = v_new ->> 'task',
            updated_at = now()
      WHERE name = p_queue;
+    -- Every time, not only when the window changes: a copy that differs
+    -- (a window written by plain SQL) is put right by the next configure.
+    PERFORM stile.partitions_take_window(p_queue, (v_new ->> 'dedupWindowSeconds')::integer);
     RETURN stile.queue_options_of(p_queue);
 END
 $$;

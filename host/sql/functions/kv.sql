@@ -354,6 +354,8 @@ BEGIN
     IF v_kind = 'incr' AND v_live THEN
         v_expires := v_row.expires_at;
     END IF;
+    -- Drawn into a variable: Citus refuses a volatile function (or a
+    -- volatile default) in an UPDATE of a distributed table.
     v_version := nextval('stile.kv_versions');
     UPDATE stile.kv
        SET value = v_value, version = v_version, expires_at = v_expires, updated_at = p_now
@@ -362,20 +364,30 @@ BEGIN
 END
 $$;
 
--- Deletes up to p_limit keys whose time has passed; answers how many.
+-- Deletes up to p_limit keys whose time has passed; answers how many. The
+-- candidates are read without locks, then each is deleted by its own
+-- statement, which names one key (one shard when the table is distributed)
+-- and skips a key a writer holds or has made live again since.
 CREATE OR REPLACE FUNCTION stile.kv_purge(p_limit integer)
 RETURNS bigint
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_deleted bigint;
+    v_deleted bigint := 0;
+    v_now timestamptz := clock_timestamp();
+    c record;
 BEGIN
-    DELETE FROM stile.kv k
-     WHERE (k.ns, k.key) IN (SELECT e.ns, e.key FROM stile.kv e
-                              WHERE e.expires_at <= clock_timestamp()
-                              ORDER BY e.expires_at LIMIT p_limit
-                              FOR UPDATE SKIP LOCKED);
-    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    FOR c IN SELECT e.ns, e.key FROM stile.kv e
+              WHERE e.expires_at <= v_now
+              ORDER BY e.expires_at LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM stile.kv l
+          WHERE l.ns = c.ns AND l.key = c.key AND l.expires_at <= v_now
+            FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        DELETE FROM stile.kv k WHERE k.ns = c.ns AND k.key = c.key;
+        v_deleted := v_deleted + 1;
+    END LOOP;
     RETURN v_deleted;
 END
 $$;

@@ -23,15 +23,26 @@ RETURNS bigint
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    RETURN (SELECT p.id FROM stile.partitions p WHERE p.queue = p_queue AND p.name = p_partition);
+    RETURN (SELECT n.id FROM stile.partition_names n WHERE n.queue = p_queue AND n.name = p_partition);
 END
 $$;
 
 -- Returns a partition's id, its queue's dedup window (the partition row's
--- copy, see host/sql/migrations/0005_partition_window.sql), its allocator and
--- its purge watermark, creating the queue (from defaults) and the partition
--- on first use. Race-safe: INSERT ... ON CONFLICT DO NOTHING waits for a
--- concurrent creator, and the SELECT after it (a new snapshot) sees its row.
+-- copy), its allocator and its purge watermark, creating the queue (from
+-- defaults) and the partition on first use.
+--
+-- A name is claimed in stile.partition_names, whose key is the queue and the
+-- name: INSERT ... ON CONFLICT DO NOTHING waits for a concurrent creator, and
+-- the lookup after it (a new snapshot) sees the creator's partition, which
+-- commits with the name. The partition's id comes from the id column's own
+-- sequence, drawn where this function runs (the coordinator, when the tables
+-- are distributed).
+--
+-- The new partition copies its queue's window, read FOR SHARE: a configure
+-- that changes the window holds the queue's row until it commits (and then
+-- copies it to every partition of the queue it finds, see configure.sql), so
+-- a creation beside it reads the window it commits. A copy shorter than the
+-- queue's window would let an in-window duplicate through.
 CREATE OR REPLACE FUNCTION stile.resolve_partition(
     p_queue text,
     p_partition text,
@@ -43,12 +54,16 @@ CREATE OR REPLACE FUNCTION stile.resolve_partition(
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_id bigint;
+    v_window integer;
 BEGIN
-    SELECT p.id, p.dedup_window_seconds, p.last_offset, p.txns_start
-      INTO partition_id, window_seconds, last_offset, txns_start
-      FROM stile.partitions p
-     WHERE p.queue = p_queue AND p.name = p_partition;
-    IF FOUND THEN
+    v_id := stile.partition_named(p_queue, p_partition);
+    IF v_id IS NOT NULL THEN
+        SELECT p.id, p.dedup_window_seconds, p.last_offset, p.txns_start
+          INTO STRICT partition_id, window_seconds, last_offset, txns_start
+          FROM stile.partitions p
+         WHERE p.id = v_id;
         RETURN;
     END IF;
     IF p_partition IS NULL OR p_partition = '' OR octet_length(p_partition) > 255
@@ -57,11 +72,45 @@ BEGIN
             USING ERRCODE = 'check_violation', COLUMN = 'partition';
     END IF;
     INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
-    INSERT INTO stile.partitions (queue, name) VALUES (p_queue, p_partition) ON CONFLICT DO NOTHING;
+    INSERT INTO stile.partition_names (queue, name, id)
+    VALUES (p_queue, p_partition, nextval(pg_get_serial_sequence('stile.partitions', 'id')))
+    ON CONFLICT DO NOTHING
+    RETURNING id INTO v_id;
+    IF v_id IS NOT NULL THEN
+        SELECT q.dedup_window_seconds INTO STRICT v_window
+          FROM stile.queues q
+         WHERE q.name = p_queue
+           FOR SHARE;
+        INSERT INTO stile.partitions (id, queue, name, dedup_window_seconds)
+        VALUES (v_id, p_queue, p_partition, v_window);
+    ELSE
+        v_id := stile.partition_named(p_queue, p_partition);
+    END IF;
     SELECT p.id, p.dedup_window_seconds, p.last_offset, p.txns_start
       INTO STRICT partition_id, window_seconds, last_offset, txns_start
       FROM stile.partitions p
-     WHERE p.queue = p_queue AND p.name = p_partition;
+     WHERE p.id = v_id;
 END
 $$;
 
+
+-- Which of p_ids have their row locked by another session right now: those
+-- FOR UPDATE SKIP LOCKED passes over. Each row is tried by a statement of
+-- its own, in ascending id order (one shard per statement when the table is
+-- distributed); the rows it locks are let go when the caller's transaction
+-- ends.
+CREATE OR REPLACE FUNCTION stile.partitions_locked_elsewhere(p_ids bigint[])
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    FOR v_id IN SELECT DISTINCT u.id FROM unnest(p_ids) AS u(id) ORDER BY u.id LOOP
+        PERFORM 1 FROM stile.partitions p WHERE p.id = v_id FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM stile.partitions p WHERE p.id = v_id) THEN
+            RETURN NEXT v_id;
+        END IF;
+    END LOOP;
+END
+$$;

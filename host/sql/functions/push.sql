@@ -278,9 +278,13 @@ BEGIN
     -- as narrow: its index is then always the primary key. Sorts are off too:
     -- priced as narrow, the one-row reads of the strategies could be planned as a bitmap
     -- scan of the whole span sorted for its first row; without a sort, the
-    -- index's own order stops at the first row.
+    -- index's own order stops at the first row. Citus cannot plan a query
+    -- over a distributed table generically: where it is loaded the plans
+    -- stay the default's.
     v_settings := set_config('jit', 'off', true) || set_config('enable_mergejoin', 'off', true)
-                  || set_config('plan_cache_mode', 'force_generic_plan', true)
+                  || set_config('plan_cache_mode',
+                                CASE WHEN current_setting('citus.version', true) IS NULL
+                                     THEN 'force_generic_plan' ELSE 'auto' END, true)
                   || set_config('enable_seqscan', 'off', true) || set_config('enable_sort', 'off', true);
     IF p_narrowed THEN
         SELECT f.dup_idx, f.dup_off, f.dup_ids INTO dup_idx, dup_off, dup_ids
@@ -737,12 +741,13 @@ $$;
 -- window, how it was probed, and every hash's original, or no row unless
 -- every hash is found (then only the locked path can decide). The
 -- partition's row and the log are read in one snapshot (this function and
--- the probe are STABLE, and the statement calling it takes one), and the
--- probe's span ends at the allocator of that row, whose offsets are all
--- committed in it: nothing another session writes later lies below it.
--- ARCHITECTURE.md (invariant 1) says why this verdict is the one the lock
--- would give. PL/pgSQL with RETURN QUERY, as the readers are, for a
--- distributed database (see reads.sql).
+-- the probe are STABLE: their statements see the snapshot of the statement
+-- calling them), and the probe's span ends at the allocator of that row,
+-- whose offsets are all committed in it: nothing another session writes
+-- later lies below it. ARCHITECTURE.md (invariant 1) says why this verdict
+-- is the one the lock would give. The row is read by a statement of its own
+-- and the probe called by another: Citus runs a statement over one shard
+-- whole on that shard, where the probe's reads of the log could not run.
 CREATE OR REPLACE FUNCTION stile.found_committed(
     p_pid bigint,
     p_vouch bigint,
@@ -755,20 +760,29 @@ CREATE OR REPLACE FUNCTION stile.found_committed(
 RETURNS TABLE (window_seconds integer, probe text, dup_idx integer[], dup_off bigint[], dup_ids uuid[])
 LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+    v_window integer;
+    v_last bigint;
+    v_start bigint;
+    v_from bigint;
+    v_kind text;
 BEGIN
-    RETURN QUERY
-    SELECT p.dedup_window_seconds, b.kind, f.dup_idx, f.dup_off, f.dup_ids
+    SELECT p.dedup_window_seconds, p.last_offset, p.txns_start INTO v_window, v_last, v_start
       FROM stile.partitions p
-     CROSS JOIN LATERAL (SELECT stile.probe_from(stile.vouched_upto(p_vouch, p_planned_window, p.dedup_window_seconds),
-                                                 p.last_offset, p.txns_start) AS probe_from) s
-     CROSS JOIN LATERAL (SELECT stile.probe_kind(p.dedup_window_seconds, p.last_offset, s.probe_from, p.txns_start) AS kind) b
-     CROSS JOIN LATERAL stile.probe(p.id, s.probe_from, p.last_offset, p.dedup_window_seconds, p_now, p_hashes,
-                                    b.kind = 'narrowed',
-                                    stile.held_floors(p_floors, p_now, p_holds_from, p_planned_window,
-                                                      p.dedup_window_seconds)) AS f
-     WHERE p.id = p_pid
-       AND b.kind IN ('narrowed', 'full')
-       AND cardinality(f.dup_idx) = length(p_hashes) / 16;
+     WHERE p.id = p_pid;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    v_from := stile.probe_from(stile.vouched_upto(p_vouch, p_planned_window, v_window), v_last, v_start);
+    v_kind := stile.probe_kind(v_window, v_last, v_from, v_start);
+    IF v_kind NOT IN ('narrowed', 'full') THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT v_window, v_kind, f.dup_idx, f.dup_off, f.dup_ids
+      FROM stile.probe(p_pid, v_from, v_last, v_window, p_now, p_hashes, v_kind = 'narrowed',
+                       stile.held_floors(p_floors, p_now, p_holds_from, p_planned_window, v_window)) AS f
+     WHERE cardinality(f.dup_idx) = length(p_hashes) / 16;
 END
 $$;
 

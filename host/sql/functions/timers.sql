@@ -24,16 +24,6 @@ AS $$
         'scheduledAt', floor(extract(epoch FROM p_scheduled_at) * 1000)::bigint)
 $$;
 
--- stile.timer_json of a row, for gateways of the previous build, which call
--- it. Once none remains, `DROP FUNCTION stile.timer_row(stile.timers)`
--- retires it.
-CREATE OR REPLACE FUNCTION stile.timer_row(t stile.timers)
-RETURNS jsonb
-LANGUAGE sql IMMUTABLE
-AS $$
-    SELECT stile.timer_json(t.queue, t.timer_key, t.partition, t.txn, t.message_id, t.deliver_at, t.scheduled_at)
-$$;
-
 -- Applies timer operations in the caller's transaction; answers one result per
 -- operation, in the operations' order. Operations arrive validated and
 -- normalised by the gateway (host/src/timers/): schedule and reschedule (one
@@ -157,7 +147,10 @@ $$;
 -- Takes the due timers stile.timers_claim_due chooses for this
 -- transaction: deletes their rows and answers them. The caller pushes the
 -- messages in the same transaction, so a fire either commits both or
--- neither.
+-- neither. PL/pgSQL, one DELETE per claimed timer (each names its queue
+-- and key: one shard when the table is distributed, where Citus plans
+-- neither a LANGUAGE sql function over the table nor a join with a
+-- function's rows).
 CREATE OR REPLACE FUNCTION stile.timers_take_due(
     p_limit integer,
     p_max_bytes bigint,
@@ -166,24 +159,36 @@ CREATE OR REPLACE FUNCTION stile.timers_take_due(
     p_skip_ids uuid[]
 )
 RETURNS TABLE (queue text, timer_key text, partition text, txn text, message_id uuid, payload text)
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    DELETE FROM stile.timers t
-     USING stile.timers_claim_due(p_limit, p_max_bytes, p_skip_queues, p_skip_keys, p_skip_ids) c
-     WHERE t.queue = c.claimed_queue AND t.timer_key = c.claimed_key
-    RETURNING t.queue, t.timer_key::text, t.partition, t.txn, t.message_id, t.payload::text
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT * FROM stile.timers_claim_due(p_limit, p_max_bytes, p_skip_queues, p_skip_keys, p_skip_ids) LOOP
+        RETURN QUERY
+            DELETE FROM stile.timers t
+             WHERE t.queue = c.claimed_queue AND t.timer_key = c.claimed_key
+            RETURNING t.queue, t.timer_key::text, t.partition, t.txn, t.message_id, t.payload::text;
+    END LOOP;
+END
 $$;
 
 -- The previous build's signature, for its gateways during an upgrade: up to
 -- p_limit due timers, within the same bound of bytes as this build's firer.
 CREATE OR REPLACE FUNCTION stile.timers_take_due(p_limit integer)
 RETURNS SETOF stile.timers
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    DELETE FROM stile.timers t
-     USING stile.timers_claim_due(p_limit, 4194304, '{}', '{}', '{}') c
-     WHERE t.queue = c.claimed_queue AND t.timer_key = c.claimed_key
-    RETURNING t.*
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT * FROM stile.timers_claim_due(p_limit, 4194304, '{}', '{}', '{}') LOOP
+        RETURN QUERY
+            DELETE FROM stile.timers t
+             WHERE t.queue = c.claimed_queue AND t.timer_key = c.claimed_key
+            RETURNING t.*;
+    END LOOP;
+END
 $$;
 
 -- Milliseconds until the next timer is due (0 when one is), null when none,

@@ -28,6 +28,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 6, name: "timer sizes", sql: include_str!("../../sql/migrations/0006_timer_sizes.sql") },
     Migration { version: 7, name: "bounded reads", sql: include_str!("../../sql/migrations/0007_bounded_reads.sql") },
     Migration { version: 8, name: "committed verdict", sql: include_str!("../../sql/migrations/0008_committed_verdict.sql") },
+    Migration { version: 9, name: "distributable", sql: include_str!("../../sql/migrations/0009_distributable.sql") },
 ];
 
 /// The functions (and views) the gateway and its readers use. Unlike the

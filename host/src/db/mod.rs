@@ -318,12 +318,10 @@ impl Db {
     /// aside) from a table lock or a passing wait (none found).
     pub async fn partitions_locked_elsewhere(&self, partition_ids: &[i64]) -> Result<Vec<i64>, DbError> {
         let client = self.pool.get().await?;
-        let stmt = client
-            .prepare_cached("SELECT id FROM stile.partitions WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED")
-            .await?;
-        let free: Vec<i64> =
+        let stmt = client.prepare_cached("SELECT id FROM stile.partitions_locked_elsewhere($1) AS id").await?;
+        let held: Vec<i64> =
             client.query(&stmt, &[&partition_ids]).await?.iter().map(|row| row.try_get("id")).collect::<Result<_, _>>()?;
-        Ok(partition_ids.iter().copied().filter(|id| !free.contains(id)).collect())
+        Ok(partition_ids.iter().copied().filter(|id| held.contains(id)).collect())
     }
 
     /// The connection string in use, keyword/value form, password hidden.

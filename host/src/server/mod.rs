@@ -137,6 +137,16 @@ const FLUSH_GRACE: Duration = Duration::from_secs(3);
 /// returned (see `main`).
 pub const RUNTIME_GRACE: Duration = Duration::from_secs(1);
 
+/// Migrates the schema of the database `database_url` names to this build's
+/// and answers its version, as `serve` does before it listens.
+pub async fn migrate(database_url: &str) -> anyhow::Result<i32> {
+    let database = DbConfig::parse(database_url).context("the database URL")?;
+    let shown = database.to_url(false);
+    let db = Db::from_config(database, 1).await.with_context(|| format!("connect to the database {shown}"))?;
+    db.migrate().await.with_context(|| format!("migrate the schema in {}", db.redacted_url()))?;
+    Ok(db.schema_version().await?)
+}
+
 /// Runs the gateway until `shutdown` resolves, then stops accepting, lets
 /// in-flight requests and flushes finish, and returns. Requests still in
 /// flight after `config.shutdown_timeout` have their connections closed, and
