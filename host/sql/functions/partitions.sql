@@ -71,7 +71,11 @@ BEGIN
         RAISE EXCEPTION 'partition: a partition name is 1 to 255 bytes without control characters'
             USING ERRCODE = 'check_violation', COLUMN = 'partition';
     END IF;
-    INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
+    -- A queue that exists is not written: on Citus a write of the reference
+    -- table reaches every node.
+    IF NOT EXISTS (SELECT 1 FROM stile.queues q WHERE q.name = p_queue) THEN
+        INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
+    END IF;
     INSERT INTO stile.partition_names (queue, name, id)
     VALUES (p_queue, p_partition, nextval(pg_get_serial_sequence('stile.partitions', 'id')))
     ON CONFLICT DO NOTHING

@@ -164,6 +164,13 @@ AS $$
 DECLARE
     c record;
 BEGIN
+    -- The caller pushes the timers' messages in this transaction, which may
+    -- create a queue: Citus refuses to write a reference table after a
+    -- parallel read of several shards (this one's choice of due timers) in
+    -- one transaction, and reads them one at a time when told so first.
+    IF current_setting('citus.version', true) IS NOT NULL THEN
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
     FOR c IN SELECT * FROM stile.timers_claim_due(p_limit, p_max_bytes, p_skip_queues, p_skip_keys, p_skip_ids) LOOP
         RETURN QUERY
             DELETE FROM stile.timers t
