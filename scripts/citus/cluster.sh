@@ -96,7 +96,8 @@ start() {
             # The socket lives in CITUS_DIR so that any user may run the cluster; prepared
             # transactions are needed for Citus's two-phase commit across nodes; every database
             # with the extension holds a background worker of its own, so trial databases
-            # beside stile need more than the default eight.
+            # beside stile need more than the default eight; the coordinator opens connections to
+            # the workers for its own, so the workers need room for more than the gateways'.
             cat >>"$data/postgresql.conf" <<EOF
 port = $port
 listen_addresses = '127.0.0.1'
@@ -104,6 +105,7 @@ unix_socket_directories = '$CITUS_DIR'
 shared_preload_libraries = 'citus'
 max_prepared_transactions = 100
 max_worker_processes = 32
+max_connections = 300
 shared_buffers = 64MB
 EOF
         fi

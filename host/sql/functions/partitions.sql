@@ -57,38 +57,58 @@ AS $$
 DECLARE
     v_id bigint;
     v_window integer;
+    v_orphan bigint;
 BEGIN
     v_id := stile.partition_named(p_queue, p_partition);
-    IF v_id IS NOT NULL THEN
-        SELECT p.id, p.dedup_window_seconds, p.last_offset, p.txns_start
-          INTO STRICT partition_id, window_seconds, last_offset, txns_start
-          FROM stile.partitions p
-         WHERE p.id = v_id;
-        RETURN;
-    END IF;
-    IF p_partition IS NULL OR p_partition = '' OR octet_length(p_partition) > 255
-       OR p_partition ~ '[[:cntrl:]]' THEN
-        RAISE EXCEPTION 'partition: a partition name is 1 to 255 bytes without control characters'
-            USING ERRCODE = 'check_violation', COLUMN = 'partition';
-    END IF;
-    -- A queue that exists is not written: on Citus a write of the reference
-    -- table reaches every node.
-    IF NOT EXISTS (SELECT 1 FROM stile.queues q WHERE q.name = p_queue) THEN
-        INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
-    END IF;
-    INSERT INTO stile.partition_names (queue, name, id)
-    VALUES (p_queue, p_partition, nextval(pg_get_serial_sequence('stile.partitions', 'id')))
-    ON CONFLICT DO NOTHING
-    RETURNING id INTO v_id;
-    IF v_id IS NOT NULL THEN
+    IF v_id IS NULL THEN
+        IF p_partition IS NULL OR p_partition = '' OR octet_length(p_partition) > 255
+           OR p_partition ~ '[[:cntrl:]]' THEN
+            RAISE EXCEPTION 'partition: a partition name is 1 to 255 bytes without control characters'
+                USING ERRCODE = 'check_violation', COLUMN = 'partition';
+        END IF;
+        -- A queue that exists is not written: on Citus a write of the
+        -- reference table reaches every node.
+        IF NOT EXISTS (SELECT 1 FROM stile.queues q WHERE q.name = p_queue) THEN
+            INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
+        END IF;
+        -- The queue's row first, then the name: configure takes the queue's
+        -- row before the partitions too, so that no two of them wait for
+        -- each other.
         SELECT q.dedup_window_seconds INTO STRICT v_window
           FROM stile.queues q
          WHERE q.name = p_queue
            FOR SHARE;
-        INSERT INTO stile.partitions (id, queue, name, dedup_window_seconds)
-        VALUES (v_id, p_queue, p_partition, v_window);
-    ELSE
-        v_id := stile.partition_named(p_queue, p_partition);
+        INSERT INTO stile.partition_names (queue, name, id)
+        VALUES (p_queue, p_partition, nextval(pg_get_serial_sequence('stile.partitions', 'id')))
+        ON CONFLICT DO NOTHING
+        RETURNING id INTO v_id;
+        IF v_id IS NOT NULL THEN
+            INSERT INTO stile.partitions (id, queue, name, dedup_window_seconds)
+            VALUES (v_id, p_queue, p_partition, v_window);
+        ELSE
+            v_id := stile.partition_named(p_queue, p_partition);
+        END IF;
+    END IF;
+    SELECT p.id, p.dedup_window_seconds, p.last_offset, p.txns_start
+      INTO partition_id, window_seconds, last_offset, txns_start
+      FROM stile.partitions p
+     WHERE p.id = v_id;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    -- Named, but its row not seen yet: on Citus the name and the partition
+    -- may lie on two nodes, whose commits of the creating transaction show
+    -- one after the other. Inserting the id waits for the creator and then
+    -- conflicts; an insert that does not conflict finds a name without a
+    -- partition, and fails (taking the insert back) rather than make one
+    -- whose log may exist.
+    INSERT INTO stile.partitions (id, queue, name, dedup_window_seconds)
+    VALUES (v_id, p_queue, p_partition, 0)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id INTO v_orphan;
+    IF v_orphan IS NOT NULL THEN
+        RAISE EXCEPTION 'partition: % of queue % is named (id %) but has no row', p_partition, p_queue, v_id
+            USING ERRCODE = 'data_corrupted';
     END IF;
     SELECT p.id, p.dedup_window_seconds, p.last_offset, p.txns_start
       INTO STRICT partition_id, window_seconds, last_offset, txns_start

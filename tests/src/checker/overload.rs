@@ -269,7 +269,11 @@ async fn flood_one(shape: Shape, queue: &str, book: &AddressBook, stop: &AtomicB
         let body = flood_body(queue, shape, seq);
         seq += 1;
         tally.pushes += 1;
+        // Whether an earlier attempt was shed, and whether one may have
+        // written (a 503 for the database may follow a commit): duplicates
+        // in the 201 are a finding only after sheds alone.
         let mut shed_before = false;
+        let mut written_before = false;
         loop {
             let Some((addr, incarnation)) = book.read().expect("not poisoned")[shape.gateway] else {
                 // The gateway is down (killed); its restart takes about a
@@ -302,7 +306,7 @@ async fn flood_one(shape: Shape, queue: &str, book: &AddressBook, stop: &AtomicB
             let outcome = tokio::time::timeout(FLOOD_PATIENCE, attempt).await;
             let took_us = i64::try_from(sent.elapsed().as_micros()).unwrap_or(i64::MAX);
             let next = match outcome {
-                Ok(Ok(reply)) => answered(reply.status, &reply.text(), took_us, shed_before, shape, seq, &mut tally),
+                Ok(Ok(reply)) => answered(reply.status, &reply.text(), took_us, shed_before && !written_before, shape, seq, &mut tally),
                 Ok(Err(error)) => {
                     client = None;
                     if gateway_changed(book, shape.gateway, incarnation) {
@@ -332,6 +336,7 @@ async fn flood_one(shape: Shape, queue: &str, book: &AddressBook, stop: &AtomicB
                 Next::NextPush => break,
                 Next::Again { shed } => {
                     shed_before |= shed;
+                    written_before |= !shed;
                     if stop.load(Ordering::Acquire) {
                         break;
                     }
@@ -343,7 +348,7 @@ async fn flood_one(shape: Shape, queue: &str, book: &AddressBook, stop: &AtomicB
 }
 
 /// Counts one answer of a flood push and says what the connection does next.
-fn answered(status: u16, text: &str, took_us: i64, shed_before: bool, shape: Shape, seq: u64, tally: &mut FloodTally) -> Next {
+fn answered(status: u16, text: &str, took_us: i64, only_shed_before: bool, shape: Shape, seq: u64, tally: &mut FloodTally) -> Next {
     match status {
         201 => {
             tally.created += 1;
@@ -369,7 +374,7 @@ fn answered(status: u16, text: &str, took_us: i64, shed_before: bool, shape: Sha
             let duplicates = answers.iter().filter(|a| a.status == "duplicate").count() as u64;
             tally.items_duplicate += duplicates;
             tally.items_queued += answers.iter().filter(|a| a.status == "queued").count() as u64;
-            if shed_before {
+            if only_shed_before {
                 tally.created_after_shed += 1;
                 if duplicates > 0 {
                     tally.find(format!(
