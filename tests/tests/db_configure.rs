@@ -211,3 +211,39 @@ async fn every_partition_keeps_its_queues_window_through_configure() {
     assert!(again.stored.is_none());
     assert_eq!(again.duplicates.iter().map(|d| (d.index, d.offset)).collect::<Vec<_>>(), vec![(0, 0)]);
 }
+
+/// A configure and a creation of one of its queue's partitions, each
+/// waiting for the other's commit in turn: the partition ends with the
+/// configured window either way. A creation beside an uncommitted configure
+/// waits for it and reads the window it commits; a configure beside an
+/// uncommitted creation waits for it and then copies the window to it.
+#[tokio::test]
+async fn a_partition_created_beside_a_configure_takes_its_window() {
+    let t = TestDb::new().await;
+    t.db.resolve_partition("q", "a").await.unwrap();
+
+    let configuring = t.client().await;
+    configuring.batch_execute("BEGIN").await.unwrap();
+    configuring.execute("SELECT stile.configure('q', '{\"dedupWindowSeconds\": 60}')", &[]).await.unwrap();
+    let db = t.db.clone();
+    let created = tokio::spawn(async move { db.resolve_partition("q", "during-configure").await.unwrap() });
+    t.wait_for_lock_waiters(1, "the creation waits for the configure").await;
+    configuring.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(created.await.unwrap().window_seconds, 60);
+
+    let creating = t.client().await;
+    creating.batch_execute("BEGIN").await.unwrap();
+    creating.execute("SELECT * FROM stile.resolve_partition('q', 'during-creation')", &[]).await.unwrap();
+    let db = t.db.clone();
+    let configured =
+        tokio::spawn(
+            async move { db.configure("q", &opts(json!({"dedupWindowSeconds": 120})), ConfigureMode::Merge).await.unwrap() },
+        );
+    t.wait_for_lock_waiters(1, "the configure waits for the creation").await;
+    creating.batch_execute("COMMIT").await.unwrap();
+    configured.await.unwrap();
+    assert_eq!(
+        partition_windows(&t).await,
+        windows(&[("q", "a", 120), ("q", "during-configure", 120), ("q", "during-creation", 120)])
+    );
+}

@@ -92,9 +92,9 @@ END
 $$;
 
 -- Copies a queue's window to each of its partitions whose copy differs, in
--- the configuring transaction, which holds the queue's row: a partition
--- created meanwhile waits for that row (stile.resolve_partition reads the
--- window FOR SHARE) and takes the window committed with it. The partitions'
+-- the configuring transaction, which holds the queue's window lock: a
+-- partition created meanwhile waits for it (stile.queue_window_lock in
+-- stile.resolve_partition) and takes the window committed with it. The partitions'
 -- row locks are taken one statement each, in ascending id order (the one
 -- global lock order, see partitions.sql); a push holds its partitions' locks
 -- while it decides, so it decides under one window, the one before the
@@ -140,6 +140,7 @@ BEGIN
     END LOOP;
 
     INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
+    PERFORM stile.queue_window_lock(p_queue, true);
     PERFORM 1 FROM stile.queues WHERE name = p_queue FOR NO KEY UPDATE;
     IF coalesce(p_replace, false) THEN
         v_new := stile.option_defaults() || v_given;

@@ -27,6 +27,26 @@ BEGIN
 END
 $$;
 
+-- Serialises a change of a queue's window (p_exclusive: stile.configure)
+-- with the creations of the queue's partitions (shared:
+-- stile.resolve_partition), until the transaction ends. An advisory lock of
+-- the node both run on, not the queue's row: on Citus a row lock of a
+-- reference table is taken on every node, and a burst of creations met
+-- deadlocks among those.
+CREATE OR REPLACE FUNCTION stile.queue_window_lock(p_queue text, p_exclusive boolean)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- 0x73746c71: this lock's class ("stlq"), the second key the queue's.
+    IF p_exclusive THEN
+        PERFORM pg_advisory_xact_lock(1937009777, hashtext(p_queue));
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(1937009777, hashtext(p_queue));
+    END IF;
+END
+$$;
+
 -- Returns a partition's id, its queue's dedup window (the partition row's
 -- copy), its allocator and its purge watermark, creating the queue (from
 -- defaults) and the partition on first use.
@@ -38,11 +58,12 @@ $$;
 -- sequence, drawn where this function runs (the coordinator, when the tables
 -- are distributed).
 --
--- The new partition copies its queue's window, read FOR SHARE: a configure
--- that changes the window holds the queue's row until it commits (and then
--- copies it to every partition of the queue it finds, see configure.sql), so
--- a creation beside it reads the window it commits. A copy shorter than the
--- queue's window would let an in-window duplicate through.
+-- The new partition copies its queue's window, read under the queue's window
+-- lock (shared): a configure holds that lock (exclusive) until it commits,
+-- and copies the window to every partition of the queue it finds (see
+-- configure.sql), so a creation beside it either reads the window it commits
+-- or is found by it. A copy shorter than the queue's window would let an
+-- in-window duplicate through.
 CREATE OR REPLACE FUNCTION stile.resolve_partition(
     p_queue text,
     p_partition text,
@@ -71,13 +92,13 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM stile.queues q WHERE q.name = p_queue) THEN
             INSERT INTO stile.queues (name) VALUES (p_queue) ON CONFLICT DO NOTHING;
         END IF;
-        -- The queue's row first, then the name: configure takes the queue's
-        -- row before the partitions too, so that no two of them wait for
-        -- each other.
+        -- The queue's window lock (shared) before the name: configure takes
+        -- it (exclusive) before the partitions too, so that no two of them
+        -- wait for each other.
+        PERFORM stile.queue_window_lock(p_queue, false);
         SELECT q.dedup_window_seconds INTO STRICT v_window
           FROM stile.queues q
-         WHERE q.name = p_queue
-           FOR SHARE;
+         WHERE q.name = p_queue;
         INSERT INTO stile.partition_names (queue, name, id)
         VALUES (p_queue, p_partition, nextval(pg_get_serial_sequence('stile.partitions', 'id')))
         ON CONFLICT DO NOTHING

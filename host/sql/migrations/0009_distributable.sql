@@ -6,11 +6,10 @@
 --   distributed table's unique keys must include its distribution column
 --   (the partition id).
 -- * No triggers: stile.resolve_partition gives a new partition its queue's
---   window and stile.configure copies a changed window to the queue's
---   partitions, under the same locks the triggers of version 5 took (see
---   host/sql/functions/partitions.sql and configure.sql). Every writer of a
---   window goes through those functions; a window written by plain SQL is not
---   copied.
+--   window and stile.configure copies the window to the queue's partitions,
+--   serialised by a lock per queue (stile.queue_window_lock, see
+--   host/sql/functions/partitions.sql and configure.sql). A window written
+--   by plain SQL is copied by the next configure.
 -- * The key versions' sequence belongs to stile.kv.version and is its
 --   default: a sequence used as a column default is made on every node.
 -- * The functions taking a table's row type, kept for gateways of two builds

@@ -306,7 +306,9 @@ async fn flood_one(shape: Shape, queue: &str, book: &AddressBook, stop: &AtomicB
             let outcome = tokio::time::timeout(FLOOD_PATIENCE, attempt).await;
             let took_us = i64::try_from(sent.elapsed().as_micros()).unwrap_or(i64::MAX);
             let next = match outcome {
-                Ok(Ok(reply)) => answered(reply.status, &reply.text(), took_us, shed_before && !written_before, shape, seq, &mut tally),
+                Ok(Ok(reply)) => {
+                    answered(reply.status, &reply.text(), took_us, shed_before && !written_before, shape, seq, &mut tally)
+                }
                 Ok(Err(error)) => {
                     client = None;
                     if gateway_changed(book, shape.gateway, incarnation) {
@@ -348,7 +350,15 @@ async fn flood_one(shape: Shape, queue: &str, book: &AddressBook, stop: &AtomicB
 }
 
 /// Counts one answer of a flood push and says what the connection does next.
-fn answered(status: u16, text: &str, took_us: i64, only_shed_before: bool, shape: Shape, seq: u64, tally: &mut FloodTally) -> Next {
+fn answered(
+    status: u16,
+    text: &str,
+    took_us: i64,
+    only_shed_before: bool,
+    shape: Shape,
+    seq: u64,
+    tally: &mut FloodTally,
+) -> Next {
     match status {
         201 => {
             tally.created += 1;
