@@ -92,6 +92,8 @@ pub struct IntakeCounters {
     pub waited: Counter,
     /// Requests refused for want of room.
     pub shed: Counter,
+    /// Requests whose client hung up while they waited for room.
+    pub abandoned: Counter,
 }
 
 /// The budget of bytes held by requests in progress.
@@ -125,6 +127,9 @@ pub enum Shed {
     Timeout(Duration),
     /// A body sent without a length grew past the room that was free.
     NoRoomToGrow,
+    /// The client hung up while the request waited: nobody would hear its
+    /// answer, so it is not read or run.
+    Abandoned,
 }
 
 impl std::fmt::Display for Shed {
@@ -139,6 +144,7 @@ impl std::fmt::Display for Shed {
             Shed::NoRoomToGrow => {
                 f.write_str("the gateway has no room for more of this body (sent without a Content-Length); retry")
             }
+            Shed::Abandoned => f.write_str("the client hung up while the request waited for room"),
         }
     }
 }
@@ -185,7 +191,13 @@ impl Intake {
     /// charge, waiting for room in arrival order when there is none, or
     /// refuses it. `held` must hold nothing: a request waits only before it
     /// holds any room.
-    pub async fn admit(&self, held: &mut Held, body_bytes: usize) -> Result<(), Shed> {
+    ///
+    /// A request that waited is let in only if `hung_up` says its client is
+    /// still there: after a burst, the requests of clients that gave up
+    /// leave the queue as their turns come, at the cost of a look at their
+    /// sockets, instead of being read, run and stored for nobody while the
+    /// requests behind them wait.
+    pub async fn admit(&self, held: &mut Held, body_bytes: usize, hung_up: impl Fn() -> bool) -> Result<(), Shed> {
         assert_eq!(held.bytes(), 0, "a request waits for room only while it holds none");
         let charge = self.charge_for(body_bytes);
         if charge == 0 {
@@ -203,6 +215,10 @@ impl Intake {
         }
         waiting.queue();
         match tokio::time::timeout(self.queue_timeout, self.take(charge)).await {
+            Ok(_) if hung_up() => {
+                self.counters.abandoned.inc();
+                Err(Shed::Abandoned)
+            }
             Ok(taken) => {
                 self.drain.admitted(charge);
                 *held = taken;
@@ -511,11 +527,41 @@ mod tests {
         Intake::new(IntakeConfig { limit_bytes, queue_timeout: Duration::from_secs(5) }, IntakeCounters::default())
     }
 
+    /// The client of a request that has not hung up.
+    fn still_there() -> bool {
+        false
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_request_whose_client_hung_up_is_not_let_in_and_its_turn_passes_to_the_next() {
+        let intake = intake(1 << 20);
+        // 900,000 bytes held leave no room for a charge of 180,000.
+        let mut first = Held::default();
+        intake.admit(&mut first, 300_000, still_there).await.unwrap();
+        let gone = std::sync::atomic::AtomicBool::new(false);
+        let (mut abandoned, mut next) = (Held::default(), Held::default());
+        {
+            let mut abandoning = std::pin::pin!(intake.admit(&mut abandoned, 60_000, || gone.load(Ordering::Relaxed)));
+            assert!(futures::poll!(abandoning.as_mut()).is_pending());
+            let mut waiting = std::pin::pin!(intake.admit(&mut next, 60_000, still_there));
+            assert!(futures::poll!(waiting.as_mut()).is_pending());
+            assert_eq!(intake.state().waiting_requests, 2);
+            gone.store(true, Ordering::Relaxed);
+            drop(first);
+            assert_eq!(abandoning.await, Err(Shed::Abandoned));
+            waiting.await.unwrap();
+        }
+        assert_eq!(abandoned.bytes(), 0, "an abandoned request holds nothing");
+        assert_eq!((next.bytes(), intake.held_bytes(), intake.state().waiting_requests), (180_000, 180_000, 0));
+        assert_eq!(intake.counters.abandoned.get(), 1);
+        assert_eq!(intake.counters.shed.get(), 0, "a request nobody waits for is not a refusal");
+    }
+
     #[tokio::test]
     async fn a_request_takes_its_whole_charge_at_admission_and_gives_it_back_when_dropped() {
         let intake = intake(1 << 20);
         let mut held = Held::default();
-        intake.admit(&mut held, 100_000).await.unwrap();
+        intake.admit(&mut held, 100_000, still_there).await.unwrap();
         assert_eq!((held.bytes(), intake.held_bytes()), (300_000, 300_000));
         drop(held);
         assert_eq!(intake.held_bytes(), 0);
@@ -525,10 +571,10 @@ mod tests {
     async fn a_request_waits_holding_nothing_and_is_admitted_once_room_is_given_back() {
         let intake = intake(1 << 20);
         let mut first = Held::default();
-        intake.admit(&mut first, 200_000).await.unwrap();
+        intake.admit(&mut first, 200_000, still_there).await.unwrap();
         let mut second = Held::default();
         {
-            let mut admit = std::pin::pin!(intake.admit(&mut second, 200_000));
+            let mut admit = std::pin::pin!(intake.admit(&mut second, 200_000, still_there));
             assert!(futures::poll!(admit.as_mut()).is_pending(), "600,000 + 600,000 bytes exceed the budget");
             assert_eq!(intake.state().waiting_requests, 1);
             assert!(intake.state().saturated);
@@ -543,10 +589,10 @@ mod tests {
     async fn a_request_that_finds_no_room_within_the_queue_limit_is_shed_holding_nothing() {
         let intake = intake(1 << 20);
         let mut first = Held::default();
-        intake.admit(&mut first, 300_000).await.unwrap();
+        intake.admit(&mut first, 300_000, still_there).await.unwrap();
         let started = Instant::now();
         let mut second = Held::default();
-        let shed = intake.admit(&mut second, 300_000).await.unwrap_err();
+        let shed = intake.admit(&mut second, 300_000, still_there).await.unwrap_err();
         assert_eq!(shed, Shed::Timeout(Duration::from_secs(5)));
         assert_eq!(started.elapsed(), Duration::from_secs(5));
         assert_eq!((second.bytes(), intake.held_bytes()), (0, 900_000));
@@ -557,19 +603,23 @@ mod tests {
     async fn past_a_budget_of_waiting_requests_a_request_is_shed_at_once() {
         let intake = Arc::new(intake(1 << 20));
         let mut first = Held::default();
-        intake.admit(&mut first, 300_000).await.unwrap();
+        intake.admit(&mut first, 300_000, still_there).await.unwrap();
         let waiter = {
             let intake = intake.clone();
             tokio::spawn(async move {
                 let mut held = Held::default();
-                intake.admit(&mut held, 300_000).await.map(|()| held.bytes())
+                intake.admit(&mut held, 300_000, still_there).await.map(|()| held.bytes())
             })
         };
         while intake.state().waiting_requests == 0 {
             tokio::task::yield_now().await;
         }
         let mut third = Held::default();
-        assert_eq!(intake.admit(&mut third, 200_000).await, Err(Shed::Backlog), "900,000 + 600,000 wait past the budget");
+        assert_eq!(
+            intake.admit(&mut third, 200_000, still_there).await,
+            Err(Shed::Backlog),
+            "900,000 + 600,000 wait past the budget"
+        );
         drop(first);
         assert_eq!(waiter.await.unwrap(), Ok(900_000));
     }
@@ -581,18 +631,18 @@ mod tests {
         // in 80 % of the 5 s limit, 12,000,000 bytes may wait.
         for _ in 0..10 {
             let mut held = Held::default();
-            intake.admit(&mut held, 100_000).await.unwrap();
+            intake.admit(&mut held, 100_000, still_there).await.unwrap();
         }
         tokio::time::advance(DRAIN_WINDOW).await;
         assert_eq!(intake.drain.bytes_per_second(), 3_000_000.0);
         let mut first = Held::default();
-        intake.admit(&mut first, 300_000).await.unwrap();
+        intake.admit(&mut first, 300_000, still_there).await.unwrap();
         let mut waiters = Vec::new();
         for _ in 0..13 {
             let intake = intake.clone();
             waiters.push(tokio::spawn(async move {
                 let mut held = Held::default();
-                intake.admit(&mut held, 300_000).await.map(|()| held.bytes())
+                intake.admit(&mut held, 300_000, still_there).await.map(|()| held.bytes())
             }));
         }
         while intake.state().waiting_requests < 13 {
@@ -600,7 +650,7 @@ mod tests {
         }
         assert_eq!(intake.counters.shed.get(), 0, "11,700,000 bytes wait, thirteen budgets' worth");
         let mut past = Held::default();
-        assert_eq!(intake.admit(&mut past, 300_000).await, Err(Shed::Backlog), "12,600,000 bytes would wait");
+        assert_eq!(intake.admit(&mut past, 300_000, still_there).await, Err(Shed::Backlog), "12,600,000 bytes would wait");
         drop(first);
         for waiter in waiters {
             assert_eq!(waiter.await.unwrap(), Ok(900_000));
@@ -611,24 +661,24 @@ mod tests {
     async fn large_requests_leave_the_reserve_to_small_ones() {
         let intake = intake(800_000);
         let mut large = Held::default();
-        intake.admit(&mut large, 200_000).await.unwrap();
+        intake.admit(&mut large, 200_000, still_there).await.unwrap();
         assert_eq!(large.bytes(), 600_000);
         let mut another_large = Held::default();
         assert!(intake.try_take(200_000).is_none(), "the large share is 700,000 bytes");
         let mut small = Held::default();
-        intake.admit(&mut small, 30_000).await.unwrap();
+        intake.admit(&mut small, 30_000, still_there).await.unwrap();
         assert_eq!(intake.held_bytes(), 690_000, "a small request uses the reserve");
         drop(large);
-        intake.admit(&mut another_large, 200_000).await.unwrap();
+        intake.admit(&mut another_large, 200_000, still_there).await.unwrap();
     }
 
     #[tokio::test]
     async fn a_body_without_a_length_grows_into_free_room_and_is_refused_when_there_is_none() {
         let intake = intake(1 << 20);
         let mut other = Held::default();
-        intake.admit(&mut other, 250_000).await.unwrap();
+        intake.admit(&mut other, 250_000, still_there).await.unwrap();
         let mut held = Held::default();
-        intake.admit(&mut held, UNDECLARED_FIRST_SLICE_BYTES).await.unwrap();
+        intake.admit(&mut held, UNDECLARED_FIRST_SLICE_BYTES, still_there).await.unwrap();
         assert_eq!(intake.held_bytes(), 750_000 + SMALL_CHARGE_BYTES);
         assert_eq!(intake.grow(&mut held, 70_000), Err(Shed::NoRoomToGrow), "210,000 bytes pass the large share left");
         assert_eq!(intake.held_bytes(), 750_000 + SMALL_CHARGE_BYTES, "a refused growth takes nothing");
@@ -641,7 +691,7 @@ mod tests {
     async fn a_charge_above_the_large_share_is_cut_to_it() {
         let intake = intake(800_000);
         let mut held = Held::default();
-        intake.admit(&mut held, 10_000_000).await.unwrap();
+        intake.admit(&mut held, 10_000_000, still_there).await.unwrap();
         assert_eq!(intake.held_bytes(), 700_000);
     }
 
@@ -663,7 +713,7 @@ mod tests {
     async fn an_answer_holds_its_own_size_until_its_last_byte_is_taken() {
         let intake = intake(1 << 20);
         let mut held = Held::default();
-        intake.admit(&mut held, 1000).await.unwrap();
+        intake.admit(&mut held, 1000, still_there).await.unwrap();
         let held = intake.hold_answer(held, 200_000);
         assert_eq!(intake.held_bytes(), 200_000);
         let mut body = HeldBody::new(Bytes::from(vec![b'x'; 200_000]), held);
@@ -684,7 +734,7 @@ mod tests {
     async fn an_answer_takes_the_room_there_is_and_never_waits() {
         let intake = intake(1000);
         let mut body = Held::default();
-        intake.admit(&mut body, 100).await.unwrap();
+        intake.admit(&mut body, 100, still_there).await.unwrap();
         let answer = intake.hold_answer(Held::default(), 800);
         assert_eq!((answer.bytes(), intake.held_bytes()), (700, 1000), "the answer took what was left");
         let none = intake.hold_answer(Held::default(), 500);

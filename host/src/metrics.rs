@@ -63,6 +63,7 @@ pub struct Metrics {
     held_request_bytes_limit: Gauge,
     requests_waited_for_room: Counter,
     requests_shed: Counter,
+    requests_abandoned: Counter,
     requests_waiting_for_room: Gauge,
     intake_saturated: Gauge,
     transactions: Family<OutcomeLabel, Counter>,
@@ -99,6 +100,7 @@ impl Metrics {
             held_request_bytes_limit: Gauge::default(),
             requests_waited_for_room: Counter::default(),
             requests_shed: Counter::default(),
+            requests_abandoned: Counter::default(),
             requests_waiting_for_room: Gauge::default(),
             intake_saturated: Gauge::default(),
             transactions: Family::default(),
@@ -179,6 +181,11 @@ impl Metrics {
                 "requests_shed",
                 "Requests answered 503 for want of room, their bodies unread: the backlog would not drain within --queue-timeout, or none came within it",
                 metrics.requests_shed.clone(),
+            );
+            r.register(
+                "requests_abandoned",
+                "Requests whose client hung up while they waited for room: not read, run or answered",
+                metrics.requests_abandoned.clone(),
             );
             r.register(
                 "requests_waiting_for_room",
@@ -305,7 +312,11 @@ impl Metrics {
 
     /// The counters the intake counts its waiting and refused requests in.
     pub fn intake_counters(&self) -> IntakeCounters {
-        IntakeCounters { waited: self.requests_waited_for_room.clone(), shed: self.requests_shed.clone() }
+        IntakeCounters {
+            waited: self.requests_waited_for_room.clone(),
+            shed: self.requests_shed.clone(),
+            abandoned: self.requests_abandoned.clone(),
+        }
     }
 
     /// Publishes what requests in progress hold, the limit, and whether the

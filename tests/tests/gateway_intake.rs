@@ -108,6 +108,57 @@ async fn slow_bodies_that_hold_the_large_share_do_not_stall_a_small_push() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_whose_client_hangs_up_while_it_waits_for_room_is_not_stored_and_its_turn_passes() {
+    let t = fresh_database().await;
+    let options = GatewayOptions {
+        max_held_mb: Some(1),
+        extra_args: vec!["--queue-timeout".into(), "600".into()],
+        ..GatewayOptions::default()
+    };
+    let gw = Gateway::start_with(&t.url(), &options).await;
+    let mut observer = gw.client().await;
+    // A slow body of about 330 KB holds the large share (896 KiB of the
+    // budget of 1 MiB); a push of about 53 KB (charged 160 KB) then finds
+    // no room and waits, its body sent whole and unread.
+    let slow = push_body("slow", 1000);
+    let mut holder = send_all_but_its_end(&gw, &slow).await;
+    wait_for_at_least(&mut observer, "stile_held_request_bytes", 896.0 * 1024.0).await;
+    let gone = push_body("gone", 160);
+    assert!((48_000..64_000).contains(&gone.len()), "{}", gone.len());
+    let mut leaver = TcpStream::connect(gw.addr()).await.expect("connect");
+    let head = format!("POST /api/v1/push HTTP/1.1\r\nhost: stile\r\ncontent-length: {}\r\n\r\n", gone.len());
+    leaver.write_all(head.as_bytes()).await.expect("send the head");
+    leaver.write_all(gone.as_bytes()).await.expect("send the whole body");
+    wait_for(&mut observer, "stile_requests_waiting_for_room", 1.0).await;
+    // Its client gives up and closes the connection while it waits.
+    drop(leaver);
+    let _ = observer.metrics().await;
+
+    // The slow body ends and gives its room back: the waiting push's turn
+    // comes, its client is gone, and it is neither read nor stored.
+    holder.write_all(&slow.as_bytes()[slow.len() - 10..]).await.expect("send the rest");
+    let answer = read_response(&mut holder, &gw).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{}", &answer[..answer.len().min(300)]);
+    wait_for(&mut observer, "stile_requests_abandoned_total", 1.0).await;
+    wait_for(&mut observer, "stile_requests_waiting_for_room", 0.0).await;
+    let mut after = gw.client().await;
+    let answers = after.push(vec![item("q", "p", Some("after-the-leaver"), json!(1))]).await;
+    assert_eq!(answers[0].status, "queued");
+    let text = observer.metrics().await;
+    assert_eq!(metric(&text, "stile_held_request_bytes"), 0.0, "{text}");
+    assert_eq!(metric(&text, "stile_requests_shed_total"), 0.0, "a client that left was not refused: {text}");
+    let c = t.client().await;
+    let stored: Vec<String> = c
+        .query("SELECT DISTINCT split_part(transaction_id, '-', 1) FROM stile.messages ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(stored, ["after", "slow"], "the push of the client that left is not stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_nobody_reads_hold_room_within_the_budget_and_a_small_push_still_goes_through() {
     let t = fresh_database().await;
     let options = GatewayOptions {

@@ -158,6 +158,8 @@ struct Phase {
     /// Requests the gateway counted as waited for room and as shed.
     waited: f64,
     shed: f64,
+    /// Requests whose clients hung up while they waited, dropped unread.
+    abandoned: f64,
     after: Option<After>,
     exactness: Exactness,
 }
@@ -307,10 +309,10 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
     println!();
     println!(
         "| phase | connections | msgs/request | accepted msg/s | vs {} connections | p50 ms | p99 ms \
-         | longest attempt s: 201 / 503 / cut | attempts | 503 | other outcomes | peak RSS MiB | peak cache MiB | peak held MiB | peak waiting | waited | shed |",
+         | longest attempt s: 201 / 503 / cut | attempts | 503 | other outcomes | peak RSS MiB | peak cache MiB | peak held MiB | peak waiting | waited | shed | abandoned |",
         args.baseline_conns
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut baseline = f64::NAN;
     for p in phases {
         if p.after.is_none() {
@@ -318,7 +320,7 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
         }
         let o = &p.outcomes;
         println!(
-            "| {} | {} | {} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {} | {:.1} % | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {} | {:.1} % | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
             p.name,
             p.conns,
             p.items,
@@ -337,7 +339,8 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
             p.peak_held_mib,
             p.peak_waiting,
             p.waited,
-            p.shed
+            p.shed,
+            p.abandoned
         );
     }
     let secs = |s: Option<f64>, limit: f64| s.map_or_else(|| format!("> {limit:.0}"), |s| format!("{s:.2}"));
@@ -489,6 +492,7 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
         peak_waiting,
         waited: counter("stile_requests_waited_for_room_total"),
         shed: counter("stile_requests_shed_total"),
+        abandoned: counter("stile_requests_abandoned_total"),
         ..Phase::default()
     };
     if burst {

@@ -8,6 +8,7 @@ use hyper::body::{Body as _, Incoming};
 
 use super::config::HttpConfig;
 use super::reply::Failure;
+use super::socket::ClientWatch;
 use crate::api::BadRequest;
 use crate::intake::{Held, Intake, Shed, UNDECLARED_FIRST_SLICE_BYTES};
 
@@ -23,7 +24,16 @@ use crate::intake::{Held, Intake, Shed, UNDECLARED_FIRST_SLICE_BYTES};
 /// nothing, once its body has been read and thrown away: a connection
 /// closed with a body unread would reset, and the client might lose the
 /// answer that tells it to retry.
-pub async fn read_body(config: &HttpConfig, intake: &Intake, body: Incoming, held: &mut Held) -> Result<Bytes, Failure> {
+///
+/// A request whose client hangs up while it waits for room is not read: it
+/// ends with no answer anyone will receive.
+pub async fn read_body(
+    config: &HttpConfig,
+    intake: &Intake,
+    client: &ClientWatch,
+    body: Incoming,
+    held: &mut Held,
+) -> Result<Bytes, Failure> {
     let limit = config.body_limit;
     let too_large = || Failure::from(BadRequest::too_large(format!("body: exceeds the limit of {limit} bytes")));
     let hint = body.size_hint();
@@ -36,9 +46,12 @@ pub async fn read_body(config: &HttpConfig, intake: &Intake, body: Incoming, hel
     // body and sends none holds no room, only its connection's buffer.
     let first = if declared == Some(0) { None } else { body.next_chunk().await? };
     if first.is_some()
-        && let Err(shed) = intake.admit(held, declared.unwrap_or(UNDECLARED_FIRST_SLICE_BYTES)).await
+        && let Err(shed) = intake.admit(held, declared.unwrap_or(UNDECLARED_FIRST_SLICE_BYTES), || client.has_hung_up()).await
     {
         drop(first);
+        if shed == Shed::Abandoned {
+            return Err(Failure::Unavailable(format!("body: {shed}")));
+        }
         return Err(body.refuse(shed, limit).await);
     }
     let mut chunks: Vec<Bytes> = Vec::new();

@@ -15,6 +15,7 @@ use super::body;
 use super::config::HttpConfig;
 use super::query::Query;
 use super::reply::{Failure, Reply};
+use super::socket::ClientWatch;
 use crate::api::BadRequest;
 use crate::db::DbError;
 use crate::gateway::{FirerWake, Gateway};
@@ -40,13 +41,16 @@ pub struct Call<'a> {
     pub parts: Parts,
     matched: Matched,
     body: Option<Incoming>,
+    client: ClientWatch,
     held: &'a mut Held,
 }
 
 impl<'a> Call<'a> {
-    /// The request `parts` with `body`, matched to a route, holding `held`.
-    pub fn new(app: &'a App, parts: Parts, matched: Matched, body: Incoming, held: &'a mut Held) -> Call<'a> {
-        Call { app, parts, matched, body: Some(body), held }
+    /// The request `parts` with `body` from `client`, matched to a route,
+    /// holding `held`.
+    pub fn new(app: &'a App, request: Arrived, matched: Matched, held: &'a mut Held) -> Call<'a> {
+        let Arrived { parts, body, client } = request;
+        Call { app, parts, matched, body: Some(body), client, held }
     }
 
     /// A path parameter the route's pattern names.
@@ -63,7 +67,7 @@ impl<'a> Call<'a> {
     /// it (see [`body::read_body`]).
     pub async fn body(&mut self) -> Result<Bytes, Failure> {
         let body = self.body.take().expect("a request's body is read once");
-        body::read_body(&self.app.config, &self.app.intake, body, self.held).await
+        body::read_body(&self.app.config, &self.app.intake, &self.client, body, self.held).await
     }
 
     /// Reserves room for a read's answer (the answer limit, or what is free
@@ -89,6 +93,15 @@ impl<'a> Call<'a> {
         }
         error.into()
     }
+}
+
+/// A request as it arrived: its header, its body unread, and the watch of
+/// the client that sent it.
+#[derive(Debug)]
+pub struct Arrived {
+    pub parts: Parts,
+    pub body: Incoming,
+    pub client: ClientWatch,
 }
 
 /// One row of the route table ([`super::routes::ROUTES`]).

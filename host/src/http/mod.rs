@@ -20,9 +20,9 @@ pub mod reply;
 pub mod router;
 pub mod routes;
 mod screen;
+pub mod socket;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -31,18 +31,20 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use crate::api::BadRequest;
 use crate::intake::{Held, HeldBody};
-pub use call::{App, Call};
+pub use call::{App, Arrived, Call};
 pub use config::HttpConfig;
 use conn::ConnectionPhase;
 use reply::{Failure, Reply, error};
 use router::Unrouted;
+use socket::ClientWatch;
 
-/// Serves one request of the connection whose phase is `phase`.
+/// Serves one request of the connection whose phase is `phase` and whose
+/// client `client` watches.
 pub async fn handle(
     app: Arc<App>,
     request: Request<Incoming>,
-    _peer: SocketAddr,
     phase: ConnectionPhase,
+    client: ClientWatch,
 ) -> Result<Response<HeldBody>, Infallible> {
     let _serving = phase.serving();
     let origin = match screen::screened(&app.config, &request) {
@@ -50,7 +52,7 @@ pub async fn handle(
         Err(refused) => return Ok(answer(&app, refused.into_response(), Held::default())),
     };
     let mut held = Held::default();
-    let mut reply = route(&app, request, &mut held).await;
+    let mut reply = route(&app, request, client, &mut held).await;
     if let Some(origin) = origin {
         reply.headers_mut().insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
         reply.headers_mut().insert(VARY, HeaderValue::from_static("Origin"));
@@ -68,7 +70,7 @@ fn answer(app: &App, reply: Reply, held: Held) -> Response<HeldBody> {
 }
 
 /// Finds the request's route and runs its handler.
-async fn route(app: &App, request: Request<Incoming>, held: &mut Held) -> Reply {
+async fn route(app: &App, request: Request<Incoming>, client: ClientWatch, held: &mut Held) -> Reply {
     let path = request.uri().path().to_owned();
     let method = request.method().clone();
     if method == Method::OPTIONS && request.headers().contains_key(ACCESS_CONTROL_REQUEST_METHOD) {
@@ -81,7 +83,7 @@ async fn route(app: &App, request: Request<Incoming>, held: &mut Held) -> Reply 
         Ok(matched) => {
             let handler = matched.route.handler;
             let (parts, body) = request.into_parts();
-            handler(Call::new(app, parts, matched, body, held)).await
+            handler(Call::new(app, Arrived { parts, body, client }, matched, held)).await
         }
         Err(Unrouted::NotFound) => Err(Failure::Status(StatusCode::NOT_FOUND, format!("no route for {path}"))),
         Err(Unrouted::MethodNotAllowed(allowed)) => {

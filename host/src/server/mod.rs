@@ -24,6 +24,7 @@ use crate::cache::{EngineKind, ShardCache};
 use crate::db::{Db, DbConfig};
 use crate::gateway::Gateway;
 use crate::http::conn::TimedIo;
+use crate::http::socket::{self, ClientWatch};
 use crate::http::{App, HttpConfig};
 use crate::intake::{Intake, IntakeConfig};
 use crate::metrics::Metrics;
@@ -388,21 +389,22 @@ impl Accepted {
     /// Makes the TLS handshake, when there is one, and serves the
     /// connection's requests until it closes.
     async fn serve(self, stream: TcpStream, acceptor: Option<Acceptor>) {
+        let (socket, client) = socket::share(stream);
         let Some(acceptor) = acceptor else {
-            return self.serve_http(stream).await;
+            return self.serve_http(socket, client).await;
         };
-        match acceptor.accept(stream, self.app.config.limits.header).await {
-            Ok(tls) => self.serve_http(tls).await,
+        match acceptor.accept(socket, self.app.config.limits.header).await {
+            Ok(tls) => self.serve_http(tls, client).await,
             Err(error) => tracing::debug!(peer = %self.peer, error = %error, "TLS handshake failed"),
         }
     }
 
     /// Serves HTTP/1.1, or HTTP/2 when the client's first bytes are its
     /// preface (chosen by ALPN, or by prior knowledge).
-    async fn serve_http<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, io: T) {
-        let Accepted { app, peer, watcher, streams } = self;
+    async fn serve_http<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, io: T, client: ClientWatch) {
+        let Accepted { app, peer: _, watcher, streams } = self;
         let (io, phase) = TimedIo::new(io, app.config.limits);
-        let service = service_fn(move |request| crate::http::handle(app.clone(), request, peer, phase.clone()));
+        let service = service_fn(move |request| crate::http::handle(app.clone(), request, phase.clone(), client.clone()));
         let mut builder = auto::Builder::new(streams);
         builder.http1().max_buf_size(READ_BUFFER_BYTES);
         builder

@@ -19,9 +19,10 @@ use anyhow::{Context as _, bail};
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+
+use crate::http::socket::SharedSocket;
 
 /// Where the listener's certificate chain and key are.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,7 +67,7 @@ impl Acceptor {
     }
 
     /// Makes the handshake on `stream`, which must end within `limit`.
-    pub async fn accept(&self, stream: TcpStream, limit: Duration) -> io::Result<TlsStream<TcpStream>> {
+    pub async fn accept(&self, stream: SharedSocket, limit: Duration) -> io::Result<TlsStream<SharedSocket>> {
         match tokio::time::timeout(limit, self.inner.accept(stream)).await {
             Ok(accepted) => accepted,
             Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the TLS handshake did not end within the header time limit")),
