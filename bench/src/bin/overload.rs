@@ -167,8 +167,11 @@ struct Phase {
 /// What a burst left behind, and how the gateway ended.
 #[derive(Debug, Default)]
 struct After {
-    /// From the end of the burst to a fresh push's 201, if one came.
+    /// From the end of the burst to a fresh push's 201, if one came: to a
+    /// partition the burst pushed to (behind that partition's backlog), and
+    /// to one it did not.
     first_201_s: Option<f64>,
+    idle_201_s: Option<f64>,
     /// From the end of the burst to the first scrape with nothing held.
     held_zero_s: Option<f64>,
     /// The gateway's resident memory once both were measured, and
@@ -346,7 +349,7 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
     let secs = |s: Option<f64>, limit: f64| s.map_or_else(|| format!("> {limit:.0}"), |s| format!("{s:.2}"));
     println!();
     println!(
-        "| burst | 201 after the burst s | held 0 after s | RSS then MiB | RSS {} s after MiB | exit after SIGTERM s (limit) \
+        "| burst | 201 after the burst s: busy / idle partition | held 0 after s | RSS then MiB | RSS {} s after MiB | exit after SIGTERM s (limit) \
          | 2nd burst attempts: 201 / 503 / other |",
         SETTLE.as_secs()
     );
@@ -354,9 +357,10 @@ fn print(args: &Args, phases: &[Phase], version: &str, load_before: &str) {
     for p in phases {
         let Some(a) = &p.after else { continue };
         println!(
-            "| {} | {} | {} | {:.0} | {:.0} | {} ({:.0}, {}) | {} / {} / {} |",
+            "| {} | {} / {} | {} | {:.0} | {:.0} | {} ({:.0}, {}) | {} / {} / {} |",
             p.name,
             secs(a.first_201_s, args.recovery_limit),
+            secs(a.idle_201_s, args.recovery_limit),
             secs(a.held_zero_s, args.recovery_limit),
             a.rss_after_mib,
             a.rss_settled_mib,
@@ -446,13 +450,19 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
     let _ = stop.send(true);
     let ended = Instant::now();
     let limit = Duration::from_secs_f64(args.recovery_limit);
-    // The probe's id, `probe-0-0`, in the phase's own queue.
+    // The probes' ids, `probe-0-0` in partition 0 (one the burst pushed
+    // to) and `idle-0-0` in a partition past the burst's, in the phase's
+    // own queue.
     let probe_tag = "probe".to_owned();
+    let idle_tag = "idle".to_owned();
     let recovery = async {
         if burst {
-            let (first_201, held_zero) =
-                tokio::join!(probe(addr, queue, &probe_tag, ended, limit), held_zero(&mut watcher, ended, limit));
-            (Some(first_201), Some(held_zero))
+            let (first_201, idle_201, held_zero) = tokio::join!(
+                probe(addr, queue, 0, &probe_tag, ended, limit),
+                probe(addr, queue, args.partitions, &idle_tag, ended, limit),
+                held_zero(&mut watcher, ended, limit)
+            );
+            (Some((first_201, idle_201)), Some(held_zero))
         } else {
             (None, None)
         }
@@ -469,8 +479,9 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
         latencies.extend(tally.latencies_us.iter());
         tally.enter(&mut ledger, shape.items);
     }
-    if let Some(first_201) = first_201 {
+    if let Some((first_201, idle_201)) = first_201 {
         ledger.insert((probe_tag, 0), (1, first_201.is_some()));
+        ledger.insert((idle_tag, 0), (1, idle_201.is_some()));
     }
     latencies.sort_unstable();
     let now = observer.metrics().await;
@@ -503,7 +514,8 @@ async fn phase(gw: &mut Gateway, args: &Args, queue: &str, name: String, shape: 
         drop(watcher);
         let (exit_s, exit_limit_s, exit_status, second) = terminate_during_burst(gw, args, queue, shape, &mut ledger).await;
         phase.after = Some(After {
-            first_201_s: first_201.flatten(),
+            first_201_s: first_201.and_then(|(busy, _)| busy),
+            idle_201_s: first_201.and_then(|(_, idle)| idle),
             held_zero_s: held_zero.flatten(),
             rss_after_mib,
             rss_settled_mib,
@@ -588,9 +600,9 @@ fn proc_status_kib(pid: i32, key: &str) -> f64 {
 /// From `since` until a single-item push on a new connection answers 201, at
 /// most `limit`: the seconds it took, or `None`. An attempt answered
 /// otherwise is sent again after 10 ms, on a new connection.
-async fn probe(addr: SocketAddr, queue: &str, tag: &str, since: Instant, limit: Duration) -> Option<f64> {
+async fn probe(addr: SocketAddr, queue: &str, partition: usize, tag: &str, since: Instant, limit: Duration) -> Option<f64> {
     let mut text = String::new();
-    write_push_body(&mut text, queue, 0, tag, 0, 1);
+    write_push_body(&mut text, queue, partition, tag, 0, 1);
     let body = Bytes::from(text);
     let give_up = since + limit;
     while Instant::now() < give_up {
