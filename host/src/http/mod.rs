@@ -31,7 +31,8 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use crate::api::BadRequest;
 use crate::intake::{Held, HeldBody};
-pub use call::{App, Arrived, Call};
+use call::Arrived;
+pub use call::{App, Call};
 pub use config::HttpConfig;
 use conn::ConnectionPhase;
 use reply::{Failure, Reply, error};

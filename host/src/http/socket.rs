@@ -32,7 +32,7 @@ const MOST_BYTES_PER_READ: usize = 64 << 10;
 /// its client.
 pub fn share(stream: TcpStream) -> (SharedSocket, ClientWatch) {
     let stream = Arc::new(stream);
-    (SharedSocket { stream: stream.clone() }, ClientWatch { stream: Some(stream) })
+    (SharedSocket { stream: stream.clone() }, ClientWatch { stream })
 }
 
 /// A connection's socket, read and written by hyper.
@@ -42,26 +42,17 @@ pub struct SharedSocket {
 }
 
 /// Tells whether a connection's client has hung up.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ClientWatch {
-    /// `None` for a request that comes from no socket (tests of handlers).
-    stream: Option<Arc<TcpStream>>,
+    stream: Arc<TcpStream>,
 }
 
 impl ClientWatch {
-    /// A watch that never sees a hang-up.
-    pub fn unwatched() -> ClientWatch {
-        ClientWatch::default()
-    }
-
     /// Whether the client has closed its end of the connection (or the
     /// connection has failed), as far as the socket's readiness has been
     /// seen; never waits.
     pub fn has_hung_up(&self) -> bool {
-        let Some(stream) = &self.stream else {
-            return false;
-        };
-        match stream.ready(Interest::READABLE).now_or_never() {
+        match self.stream.ready(Interest::READABLE).now_or_never() {
             Some(Ok(ready)) => ready.is_read_closed(),
             Some(Err(_)) => true,
             None => false,
@@ -88,25 +79,27 @@ impl AsyncRead for SharedSocket {
     }
 }
 
-impl AsyncWrite for SharedSocket {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+impl SharedSocket {
+    /// Runs `write` once the socket is writable, until it is not refused
+    /// for stale readiness (which `write` then clears).
+    fn poll_write_with(&self, cx: &mut Context<'_>, write: impl Fn(&TcpStream) -> io::Result<usize>) -> Poll<io::Result<usize>> {
         loop {
             ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write(data) {
+            match write(&self.stream) {
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
                 written => return Poll::Ready(written),
             }
         }
     }
+}
+
+impl AsyncWrite for SharedSocket {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_write_with(cx, |stream| stream.try_write(data))
+    }
 
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write_vectored(data) {
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
-                written => return Poll::Ready(written),
-            }
-        }
+        self.poll_write_with(cx, |stream| stream.try_write_vectored(data))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -145,9 +138,8 @@ mod tests {
     /// Waits until the watch sees what the socket's readiness will show:
     /// the driver records an event some time after the kernel has it.
     async fn until_hung_up(watch: &ClientWatch) {
-        let stream = watch.stream.as_ref().unwrap();
         loop {
-            let ready = stream.ready(Interest::READABLE).await.unwrap();
+            let ready = watch.stream.ready(Interest::READABLE).await.unwrap();
             if ready.is_read_closed() {
                 return;
             }
@@ -180,10 +172,5 @@ mod tests {
         drop(client);
         tokio::time::timeout(std::time::Duration::from_secs(10), until_hung_up(&watch)).await.expect("the hang-up is seen");
         assert!(watch.has_hung_up());
-    }
-
-    #[test]
-    fn an_unwatched_request_never_hangs_up() {
-        assert!(!ClientWatch::unwatched().has_hung_up());
     }
 }
